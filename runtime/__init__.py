@@ -1,0 +1,58 @@
+"""A durable agent runtime: runs, steps and an audit log in one database, leases with
+heartbeats, and a person deciding whenever a side effect's outcome is unknown.
+
+The public API is small; everything here can be imported before Django's apps are ready.
+"""
+
+from typing import Any
+
+from .agents import Agent, Budget
+from .errors import (
+    ApprovalConflict,
+    BudgetExceeded,
+    InvalidArguments,
+    InvalidDecision,
+    InvalidPayload,
+    LeaseLost,
+    PolicyDenied,
+    ReconcileConflict,
+    RunLeased,
+    RunNotFound,
+    RunNotResumable,
+    ToolNotRegistered,
+    UnknownAgent,
+)
+from .llm import LLM, FinalAnswer, LLMResponse, ScriptedLLM, ToolCall, Transcript, Usage
+from .policy import Allow, Deny, Request, RequireApproval
+from .reconcile import Complete, Conflict, Continue, ReconcileView, Wait
+from .tools import ToolContext, tool
+
+__all__ = [
+    "LLM", "Agent", "Allow", "ApprovalConflict", "Budget", "BudgetExceeded", "Complete",
+    "Conflict", "Continue", "Deny", "FinalAnswer", "InvalidArguments", "InvalidDecision",
+    "InvalidPayload", "LLMResponse", "LeaseLost", "PolicyDenied", "ReconcileConflict",
+    "ReconcileView", "Request", "RequireApproval", "RunLeased", "RunNotFound",
+    "RunNotResumable", "ScriptedLLM", "ToolCall", "ToolContext", "ToolNotRegistered",
+    "Transcript", "UnknownAgent", "Usage", "Wait", "cancel", "resume", "start", "tool",
+]
+
+
+def start(agent_name: str, input: Any, created_by: str = "", **kw: Any) -> Any:
+    """Create a queued run; see ``runtime.api.start``."""
+    from .api import start as _start
+
+    return _start(agent_name, input, created_by, **kw)
+
+
+def resume(run_id: int, owner: str | None = None, **kw: Any) -> Any:
+    """Execute a run until it pauses or ends; see ``runtime.api.resume``."""
+    from .api import resume as _resume
+
+    return _resume(run_id, owner, **kw)
+
+
+def cancel(run_id: int, by: str, reason: str = "", **kw: Any) -> Any:
+    """Cancel a queued or waiting run; see ``runtime.api.cancel``."""
+    from .api import cancel as _cancel
+
+    return _cancel(run_id, by, reason, **kw)

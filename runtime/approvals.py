@@ -1,0 +1,140 @@
+"""Operators' decisions on approvals: approve one re-run, reject, or resolve with a result.
+
+Each decision is one transaction: a compare-and-set UPDATE from ``pending`` (so of two
+operators deciding at once exactly one wins) plus the run's events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+
+from .audit import EventSpec
+from .canonical import check_payload, request_digest
+from .clock import SYSTEM_CLOCK
+from .errors import ApprovalConflict, InvalidDecision, InvalidPayload
+from .models import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    FailureCode,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+)
+from .store import run_append_in_tx
+
+RESOLVABLE = (ApprovalKind.INTERRUPTED_SIDE_EFFECT, ApprovalKind.RECONCILE)
+
+
+def pending(kind: str | None = None, agent: str | None = None) -> QuerySet[Approval]:
+    """What waits for a person, oldest first, with its run and step (no N+1)."""
+    qs = Approval.objects.filter(status=ApprovalStatus.PENDING).select_related("run", "step")
+    if kind:
+        qs = qs.filter(kind=kind)
+    if agent:
+        qs = qs.filter(run__agent=agent)
+    return qs.order_by("created_at", "pk")
+
+
+def approve(approval_id: int, by: str, note: str = "", *, now: datetime | None = None) -> Approval:
+    """Authorize exactly one more start of the approved request; the run is queued."""
+    return _decide(approval_id, by, note, ApprovalStatus.APPROVED, now=now)
+
+
+def reject(approval_id: int, by: str, note: str, *, now: datetime | None = None) -> Approval:
+    """End the run ``failed``/``rejected``; the tool is not called again."""
+    if not note or not note.strip():
+        raise InvalidDecision(approval_id, "a rejection needs a note saying why")
+    return _decide(approval_id, by, note, ApprovalStatus.REJECTED, now=now)
+
+
+def resolve(
+    approval_id: int, by: str, result: Any, note: str = "", *, now: datetime | None = None
+) -> Approval:
+    """The operator checked the outside world: record ``result`` as the step's and continue."""
+    try:
+        data = check_payload("resolved result", result)
+    except InvalidPayload as exc:
+        raise InvalidDecision(approval_id, str(exc)) from None
+    return _decide(approval_id, by, note, ApprovalStatus.RESOLVED, result=data, now=now)
+
+
+def _decide(
+    approval_id: int,
+    by: str,
+    note: str,
+    status: str,
+    *,
+    result: Any = None,
+    now: datetime | None = None,
+) -> Approval:
+    if not by:
+        raise InvalidDecision(approval_id, "a decision needs the name of who made it")
+    now = now or SYSTEM_CLOCK.now()
+    with transaction.atomic():
+        try:
+            approval = Approval.objects.select_related("run", "step").get(pk=approval_id)
+        except (Approval.DoesNotExist, ValueError, TypeError):
+            raise InvalidDecision(approval_id, "no such approval") from None
+        if approval.status != ApprovalStatus.PENDING:
+            raise _already_decided(approval)
+        if status == ApprovalStatus.RESOLVED and approval.kind not in RESOLVABLE:
+            raise InvalidDecision(approval_id, "resolve applies to interrupted steps only; "
+                                  "a policy approval is approved or rejected")
+        step, run = approval.step, approval.run
+        if approval.digest != request_digest(step.tool, step.arguments, step.effect):
+            raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
+                                   "the request this approval was for", status=approval.status)
+        updated = Approval.objects.filter(pk=approval_id, status=ApprovalStatus.PENDING).update(
+            status=status, decided_by=by, decided_at=now, note=note, result=result)
+        if updated != 1:
+            raise _already_decided(Approval.objects.get(pk=approval_id))
+        specs, run_fields = _effects(approval, status, by, note, result, now)
+        if run_append_in_tx(run, specs, actor=by, now=now, expect_status=[RunStatus.WAITING],
+                            run_fields=run_fields) is None:
+            raise ApprovalConflict(approval_id, "the run changed while deciding; try again")
+    approval.refresh_from_db()
+    return approval
+
+
+def _effects(
+    approval: Approval, status: str, by: str, note: str, result: Any, now: datetime
+) -> tuple[list[EventSpec], dict[str, Any]]:
+    idx = approval.step.index
+    base = {"approval_id": approval.pk, "kind": approval.kind, "decided_by": by, "note": note}
+    if status == ApprovalStatus.APPROVED:
+        return [EventSpec("approval.granted", base, idx)], {"status": RunStatus.QUEUED}
+    if status == ApprovalStatus.RESOLVED:
+        Step.objects.filter(pk=approval.step_id).update(
+            status=StepStatus.SUCCEEDED, result=result, finished_at=now)
+        return (
+            [EventSpec("approval.resolved", {**base, "result": result}, idx),
+             EventSpec("step.tool_finished", {"result": result, "attempt": approval.step.attempt,
+                                              "recovered_by": by}, idx)],
+            {"status": RunStatus.QUEUED},
+        )
+    Step.objects.filter(pk=approval.step_id).update(status=StepStatus.REJECTED, finished_at=now)
+    message = f"rejected by {by}: {note}"
+    return (
+        [EventSpec("approval.rejected", base, idx),
+         EventSpec("run.failed", {"code": FailureCode.REJECTED.value, "message": message})],
+        {"status": RunStatus.FAILED, "failure_code": FailureCode.REJECTED,
+         "failure_message": message, "planned": []},
+    )
+
+
+def _already_decided(approval: Approval) -> ApprovalConflict:
+    when = approval.decided_at.isoformat(timespec="seconds") if approval.decided_at else "?"
+    who = approval.decided_by or "the runtime"
+    return ApprovalConflict(
+        approval.pk, f"already {approval.status} by {who} at {when}", status=approval.status,
+        decided_by=approval.decided_by, decided_at=approval.decided_at)
+
+
+def run_for(approval: Approval) -> Run:
+    return Run.objects.get(pk=approval.run_id)

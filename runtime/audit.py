@@ -1,0 +1,134 @@
+"""The audit log: event kinds, the per-run hash chain, appending and verification.
+
+Each event's hash covers its content and the previous event's hash, so an edit made behind the
+database triggers' back (or a deleted row) breaks the chain at a findable place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .canonical import dumps
+
+logger = logging.getLogger("runtime.events")
+
+EVENT_KINDS = frozenset(
+    [
+        "run.created", "run.started", "run.resumed", "run.paused", "run.released", "run.succeeded",
+        "run.failed", "run.cancelled", "lease.taken", "lease.taken_over", "lease.released",
+        "step.started", "step.decided", "step.tool_started", "step.tool_dispatched",
+        "step.tool_finished", "step.tool_failed", "step.interrupted", "llm.requested",
+        "llm.responded", "llm.failed", "approval.requested", "approval.granted",
+        "approval.rejected",
+        "approval.resolved", "approval.consumed", "approval.cancelled", "reconcile.decided",
+        "policy.denied", "side_effect.auto_confirmed",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An event to append: what happened, to which step, with what details."""
+
+    kind: str
+    payload: dict[str, Any]
+    step_index: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {self.kind!r}")
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def event_hash(
+    prev_hash: str,
+    *,
+    run_id: int,
+    seq: int,
+    kind: str,
+    step_index: int | None,
+    payload: Any,
+    actor: str,
+    at: datetime,
+) -> str:
+    body = dumps(
+        {"run": run_id, "seq": seq, "kind": kind, "step": step_index, "payload": payload,
+         "actor": actor, "at": _iso(at)}
+    )
+    return hashlib.sha256((prev_hash + "\n" + body).encode()).hexdigest()
+
+
+def build_events(
+    run_id: int, seq: int, head: str, specs: Iterable[EventSpec], actor: str, at: datetime
+) -> tuple[list, int, str]:
+    """Event rows chained after (seq, head); returns (rows, new seq, new head). Not saved."""
+    from .models import Event
+
+    rows = []
+    for spec in specs:
+        seq += 1
+        head = event_hash(head, run_id=run_id, seq=seq, kind=spec.kind, step_index=spec.step_index,
+                          payload=spec.payload, actor=actor, at=at)
+        rows.append(Event(run_id=run_id, step_index=spec.step_index, seq=seq, kind=spec.kind,
+                          payload=spec.payload, actor=actor, at=at, hash=head))
+    return rows, seq, head
+
+
+def log_events(rows: Iterable) -> None:
+    """One log line per recorded event (called after the commit that holds them)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    for e in rows:
+        step = f" step={e.step_index}" if e.step_index is not None else ""
+        logger.info("run=%s #%s %s%s actor=%s %s", e.run_id, e.seq, e.kind, step, e.actor,
+                    dumps(e.payload))
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Result of checking one run's chain: ``ok``, or the first broken link and why."""
+
+    run_id: int
+    ok: bool
+    events: int
+    broken_seq: int | None = None
+    reason: str = ""
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"run {self.run_id}: ok ({self.events} events)"
+        return f"run {self.run_id}: BROKEN at event #{self.broken_seq}: {self.reason}"
+
+
+def verify(run: Any) -> Verification:
+    """Check a run's events: sequence 1..n without gaps, every hash, and the run's chain head."""
+    from .models import Event, Run
+
+    if not isinstance(run, Run):
+        run = Run.objects.get(pk=run)
+    head, expected, count = "", 1, 0
+    events = Event.objects.filter(run_id=run.pk).order_by("seq")
+    for e in events.iterator(chunk_size=2000):
+        count += 1
+        if e.seq != expected:
+            return Verification(run.pk, False, count, expected,
+                                f"sequence gap: expected #{expected}, found #{e.seq}")
+        want = event_hash(head, run_id=run.pk, seq=e.seq, kind=e.kind, step_index=e.step_index,
+                          payload=e.payload, actor=e.actor, at=e.at)
+        if want != e.hash:
+            return Verification(run.pk, False, count, e.seq,
+                                f"hash mismatch on {e.kind} (content or order was altered)")
+        head, expected = e.hash, expected + 1
+    if run.event_seq != count or run.event_hash != head:
+        return Verification(run.pk, False, count, count + 1 if run.event_seq > count else count,
+                            f"chain head mismatch: run records #{run.event_seq}, "
+                            f"log ends at #{count} (events missing or added)")
+    return Verification(run.pk, True, count)

@@ -1,0 +1,112 @@
+"""Named crash points in production code: no-ops unless the test kit arms them.
+
+The driver calls ``reached(point, run_id=..., step_index=...)`` right after the commit that
+holds the named event (or, for ``IN_TRANSACTION``, inside a state transaction before its
+commit). The test kit arms points in-process (raise ``SimulatedCrash``) or in a worker
+subprocess through the ``RUNTIME_CRASH_POINTS`` environment variable (SIGKILL itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from .errors import SimulatedCrash
+
+
+class CrashPoint(StrEnum):
+    AFTER_STEP_STARTED = "after_step_started"
+    AFTER_STEP_DECIDED = "after_step_decided"
+    AFTER_TOOL_STARTED = "after_tool_started"
+    AFTER_TOOL_EFFECT = "after_tool_effect"  # the tool returned; its result is not recorded
+    AFTER_TOOL_FINISHED = "after_tool_finished"
+    AFTER_RUN_RESUMED = "after_run_resumed"
+    AFTER_STEP_INTERRUPTED = "after_step_interrupted"
+    AFTER_PAUSE = "after_pause"
+    DURING_LLM_REQUEST = "during_llm_request"
+    AFTER_TOOL_DISPATCHED = "after_tool_dispatched"
+    IN_TRANSACTION = "in_transaction"  # inside a state transaction, before its commit
+
+
+@dataclass
+class Arm:
+    """One armed crash: a point, optionally a step index and which occurrence (1 = first)."""
+
+    point: CrashPoint
+    step_index: int | None = None
+    occurrence: int = 1
+    seen: int = 0
+    fired: bool = False
+
+    def matches(self, point: CrashPoint, step_index: int | None) -> bool:
+        if self.fired or point != self.point:
+            return False
+        if self.step_index is not None and step_index != self.step_index:
+            return False
+        self.seen += 1
+        return self.seen == self.occurrence
+
+
+@dataclass
+class _Armed:
+    arms: list[Arm] = field(default_factory=list)
+    mode: str = "raise"  # "raise" (in-process) or "kill" (SIGKILL this process)
+    reached_file: Path | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_armed: _Armed | None = None
+
+
+def arm(arms: list[Arm], *, mode: str = "raise", reached_file: Path | None = None) -> None:
+    """Arm crash points for this process (the test kit's entry point)."""
+    global _armed
+    _armed = _Armed(arms=list(arms), mode=mode, reached_file=reached_file)
+
+
+def disarm() -> None:
+    global _armed
+    _armed = None
+
+
+def arm_from_env() -> None:
+    """Arm from ``RUNTIME_CRASH_POINTS`` (JSON list of {point, step_index, occurrence})."""
+    spec = os.environ.get("RUNTIME_CRASH_POINTS")
+    if not spec:
+        return
+    arms = [
+        Arm(CrashPoint(a["point"]), a.get("step_index"), int(a.get("occurrence", 1)))
+        for a in json.loads(spec)
+    ]
+    reached = os.environ.get("RUNTIME_CRASH_REACHED_FILE")
+    arm(arms, mode="kill", reached_file=Path(reached) if reached else None)
+
+
+def reached(point: CrashPoint, *, run_id: int | None = None, step_index: int | None = None) -> None:
+    """Mark that execution passed ``point``; crash here if the test kit armed it."""
+    armed = _armed
+    if armed is None:
+        return
+    with armed.lock:
+        hit = next((a for a in armed.arms if a.matches(point, step_index)), None)
+        if hit is None:
+            return
+        hit.fired = True
+        if armed.reached_file is not None:
+            record = {"point": str(point), "run_id": run_id, "step_index": step_index}
+            with open(armed.reached_file, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+    if armed.mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise SimulatedCrash(str(point), run_id, step_index)
+
+
+def is_armed() -> bool:
+    return _armed is not None

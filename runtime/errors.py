@@ -1,0 +1,135 @@
+"""Every error the runtime raises, with typed attributes so callers need not parse messages."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+
+class AgentRuntimeError(Exception):
+    """Base of the runtime's errors."""
+
+
+class LeaseLost(AgentRuntimeError):
+    """This process no longer holds the run's lease: it must stop before its next call."""
+
+    def __init__(
+        self, run_id: int, owner: str, reason: str = "lease lost", *, expired_but_held: bool = False
+    ) -> None:
+        self.run_id, self.owner, self.reason = run_id, owner, reason
+        # True when only the wall-clock check failed: nobody else holds the run yet.
+        self.expired_but_held = expired_but_held
+        super().__init__(f"run {run_id}: {reason} (owner {owner})")
+
+
+class RunLeased(AgentRuntimeError):
+    """The run's lease is live and held by another owner; nothing was changed."""
+
+    def __init__(self, run_id: int, holder: str, expires_at: datetime | None) -> None:
+        self.run_id, self.holder, self.expires_at = run_id, holder, expires_at
+        super().__init__(f"run {run_id} is leased by {holder} until {expires_at}")
+
+
+class RunNotResumable(AgentRuntimeError):
+    """The run is in a state that cannot be resumed (finished, or waiting on an operator)."""
+
+    def __init__(self, run_id: int, status: str) -> None:
+        self.run_id, self.status = run_id, status
+        super().__init__(f"run {run_id} cannot be resumed: it is {status}")
+
+
+class RunNotFound(AgentRuntimeError):
+    """No run has this id."""
+
+    def __init__(self, run_id: Any) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run with id {run_id!r}")
+
+
+class ApprovalConflict(AgentRuntimeError):
+    """The approval was already decided, or its request no longer matches the step (stale)."""
+
+    def __init__(
+        self,
+        approval_id: int,
+        reason: str,
+        *,
+        status: str = "",
+        decided_by: str = "",
+        decided_at: datetime | None = None,
+    ) -> None:
+        self.approval_id, self.reason, self.status = approval_id, reason, status
+        self.decided_by, self.decided_at = decided_by, decided_at
+        super().__init__(reason)
+
+
+class ReconcileConflict(AgentRuntimeError):
+    """Reconciliation found the interrupted step cannot continue or wait: the run fails."""
+
+    def __init__(self, run_id: int, step_index: int, reason: str) -> None:
+        self.run_id, self.step_index, self.reason = run_id, step_index, reason
+        super().__init__(f"run {run_id} step {step_index}: {reason}")
+
+
+class PolicyDenied(AgentRuntimeError):
+    """The agent's policy denied a request; the run fails ``policy_denied``."""
+
+    def __init__(self, run_id: int, step_index: int, reason: str) -> None:
+        self.run_id, self.step_index, self.reason = run_id, step_index, reason
+        super().__init__(f"run {run_id} step {step_index}: policy denied: {reason}")
+
+
+class BudgetExceeded(AgentRuntimeError):
+    """A run went past one of its budget limits; the run fails ``budget_exceeded``."""
+
+    def __init__(self, run_id: int, limit: str, value: Any, maximum: Any) -> None:
+        self.run_id, self.limit, self.value, self.maximum = run_id, limit, value, maximum
+        super().__init__(f"run {run_id}: {limit} {value} exceeds the budget of {maximum}")
+
+
+class ToolNotRegistered(AgentRuntimeError):
+    """The agent has no tool by this name."""
+
+    def __init__(self, agent: str, tool: str) -> None:
+        self.agent, self.tool = agent, tool
+        super().__init__(f"agent {agent!r} has no tool {tool!r}")
+
+
+class InvalidArguments(AgentRuntimeError):
+    """Tool arguments (or a run's input) failed validation."""
+
+    def __init__(self, tool: str, errors: str) -> None:
+        self.tool, self.errors = tool, errors
+        super().__init__(f"invalid arguments for {tool!r}: {errors}")
+
+
+class InvalidPayload(AgentRuntimeError):
+    """A value that must be stored is not JSON-serialisable or is larger than allowed."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what, self.reason = what, reason
+        super().__init__(f"{what}: {reason}")
+
+
+class UnknownAgent(AgentRuntimeError):
+    """No agent with this name is registered (settings RUNTIME["AGENTS"])."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name, self.known = name, known
+        super().__init__(f"unknown agent {name!r}; registered: {', '.join(known) or 'none'}")
+
+
+class SimulatedCrash(BaseException):
+    """Raised by an armed in-process crash point; BaseException so user code cannot swallow it."""
+
+    def __init__(self, point: str, run_id: int | None, step_index: int | None) -> None:
+        self.point, self.run_id, self.step_index = point, run_id, step_index
+        super().__init__(f"simulated crash at {point} (run {run_id}, step {step_index})")
+
+
+class InvalidDecision(AgentRuntimeError):
+    """An operator's decision does not apply to this approval (e.g. resolve on a policy one)."""
+
+    def __init__(self, approval_id: int, reason: str) -> None:
+        self.approval_id, self.reason = approval_id, reason
+        super().__init__(f"approval {approval_id}: {reason}")

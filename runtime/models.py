@@ -1,0 +1,208 @@
+"""The runtime's tables: runs, steps, the audit log, approvals and worker processes.
+
+State is changed only by the store functions (``runtime.store`` and friends), each writing the
+state change and its audit event in one transaction. Nothing here writes on save.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_RUN_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class FailureCode(models.TextChoices):
+    ERROR = "error"
+    REJECTED = "rejected"
+    RECONCILE_CONFLICT = "reconcile_conflict"
+    POLICY_DENIED = "policy_denied"
+    BUDGET_EXCEEDED = "budget_exceeded"
+
+
+class StepStatus(models.TextChoices):
+    DECIDING = "deciding"
+    EXECUTING = "executing"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    REJECTED = "rejected"
+
+
+IN_FLIGHT_STEP_STATUSES = (StepStatus.DECIDING, StepStatus.EXECUTING)
+
+
+class Effect(models.TextChoices):
+    READ_ONLY = "read_only"
+    SIDE_EFFECT = "side_effect"
+
+
+class Run(models.Model):
+    agent = models.CharField(max_length=200)
+    input = models.JSONField()
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    failure_code = models.CharField(max_length=32, choices=FailureCode.choices, blank=True)
+    failure_message = models.TextField(blank=True)
+    output = models.JSONField(null=True, blank=True)
+    # Tool calls the LLM asked for in one response but that have no step yet; consumed in order.
+    planned = models.JSONField(default=list, blank=True)
+
+    lease_owner = models.CharField(max_length=255, blank=True)
+    lease_epoch = models.BigIntegerField(default=0, help_text="Fencing token, +1 on every claim.")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    # Head of the audit chain: the last event's sequence number and hash. Every event append is a
+    # compare-and-set on event_seq, which keeps the per-run sequence gapless.
+    event_seq = models.BigIntegerField(default=0)
+    event_hash = models.CharField(max_length=64, blank=True)
+
+    llm_requests = models.IntegerField(default=0)
+    tokens_in = models.BigIntegerField(default=0)
+    tokens_out = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # The worker's claim query: oldest queued first.
+            models.Index(fields=["status", "id"], name="run_status_id"),
+            # The takeover sweep: running runs by lease expiry.
+            models.Index(fields=["status", "lease_expires_at"], name="run_status_expiry"),
+            models.Index(fields=["agent", "id"], name="run_agent_id"),
+        ]
+        permissions = [("cancel_run", "Can cancel a queued or waiting run")]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.agent}, {self.status})"
+
+
+class Step(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="steps")
+    index = models.IntegerField()
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    # The decided request; empty tool means the LLM gave its final answer at this step.
+    tool = models.CharField(max_length=200, blank=True)
+    arguments = models.JSONField(null=True, blank=True)
+    effect = models.CharField(max_length=16, choices=Effect.choices, blank=True)
+    idempotency_key = models.CharField(max_length=80)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    attempt = models.IntegerField(default=0)
+    # The attempt whose outbound call was announced by ctx.dispatch(), if any.
+    dispatched_attempt = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "index"], name="step_run_index_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.index} ({self.status})"
+
+
+class Event(models.Model):
+    """One entry of the append-only audit log; the database refuses UPDATE and DELETE."""
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events")
+    step_index = models.IntegerField(null=True, blank=True)
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=40)
+    payload = models.JSONField(default=dict)
+    actor = models.CharField(max_length=255)
+    at = models.DateTimeField()
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="event_run_seq_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["at"], name="event_at"),
+            models.Index(fields=["kind", "at"], name="event_kind_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} #{self.seq} {self.kind}"
+
+
+class ApprovalKind(models.TextChoices):
+    POLICY = "policy"
+    INTERRUPTED_SIDE_EFFECT = "interrupted_side_effect"
+    RECONCILE = "reconcile"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    RESOLVED = "resolved"
+    CONSUMED = "consumed"
+    CANCELLED = "cancelled"
+
+
+class Approval(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="approvals")
+    step = models.ForeignKey(Step, on_delete=models.PROTECT, related_name="approvals")
+    kind = models.CharField(max_length=32, choices=ApprovalKind.choices)
+    status = models.CharField(
+        max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING
+    )
+    tool = models.CharField(max_length=200)
+    arguments = models.JSONField()
+    effect = models.CharField(max_length=16, choices=Effect.choices)
+    digest = models.CharField(max_length=64, help_text="SHA-256 of the request's canonical JSON.")
+    title = models.CharField(max_length=300)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    decided_by = models.CharField(max_length=150, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True)
+    result = models.JSONField(null=True, blank=True, help_text="The recovered result of a resolve.")
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["step"],
+                condition=models.Q(status__in=["pending", "approved"]),
+                name="approval_one_open_per_step",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="approval_status_created"),
+        ]
+        permissions = [("decide_approval", "Can approve, reject or resolve approvals")]
+
+    def __str__(self) -> str:
+        return f"approval {self.pk} ({self.kind}, {self.status})"
+
+
+class Worker(models.Model):
+    """One live ``runworker`` process; kept fresh by its heartbeat, removed on clean exit."""
+
+    owner = models.CharField(max_length=255, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    boot_id = models.CharField(max_length=64, blank=True)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    concurrency = models.IntegerField(default=1)
+    runs_held = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.owner

@@ -1,0 +1,52 @@
+"""What an agent's ``reconcile(view)`` sees and may answer after its run was interrupted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReconcileView:
+    """The interrupted run as recorded, and the request whose outcome is unknown."""
+
+    run: Any  # runtime.models.Run
+    steps: list[Any]  # runtime.models.Step, in order
+    events: list[Any]  # runtime.models.Event, in order
+    step: Any  # the interrupted step
+    tool: str
+    arguments: dict[str, Any]
+    effect: str
+    idempotency_key: str
+    attempt: int
+    dispatched: bool  # step.tool_dispatched was recorded for this attempt
+
+
+@dataclass(frozen=True)
+class Continue:
+    """The consumer vouches the request may run again: re-run it on the same step."""
+
+
+@dataclass(frozen=True)
+class Complete:
+    """The consumer found the call's outcome: record ``result`` and continue the run."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Put the question to a person: an approval of kind ``reconcile`` with this text."""
+
+    title: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """The run cannot go on: it fails ``reconcile_conflict``."""
+
+    reason: str
+
+
+ReconcileOutcome = Continue | Complete | Wait | Conflict

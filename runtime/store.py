@@ -1,0 +1,277 @@
+"""Writes to the runtime's tables. Each function is one transaction holding a state change and
+its audit events; claims and lease writes are compare-and-set UPDATEs checked by row count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from . import crashpoints
+from .audit import EventSpec, build_events, log_events
+from .canonical import check_payload
+from .crashpoints import CrashPoint
+from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
+from .models import IN_FLIGHT_STEP_STATUSES, Event, Run, RunStatus, Step, StepStatus
+
+
+@dataclass(eq=False)
+class Lease:
+    """This process's hold on one run: owner and epoch fence every write it makes.
+
+    ``seq``/``head`` mirror the run's audit chain head, so appends need no read first.
+    """
+
+    run_id: int
+    owner: str
+    epoch: int
+    expires_at: datetime
+    seq: int
+    head: str
+    lost: bool = False  # set by the heartbeat when a renewal finds the lease gone
+
+
+class _CasFailed(Exception):
+    pass
+
+
+def _last_step_index(specs: Sequence[EventSpec]) -> int | None:
+    return next((s.step_index for s in reversed(specs) if s.step_index is not None), None)
+
+
+def lease_commit(
+    lease: Lease,
+    specs: Sequence[EventSpec],
+    *,
+    now: datetime,
+    run_fields: dict[str, Any] | None = None,
+    writes: Callable[[], None] | None = None,
+    require_unexpired: bool = False,
+) -> list[Event]:
+    """Commit a state change and its events, only while ``lease`` still holds the run.
+
+    ``require_unexpired`` adds the wall-clock check that a tool start or an LLM request needs.
+    Raises ``LeaseLost`` (nothing written) when the compare-and-set finds another owner, a newer
+    epoch, a moved chain head or, if required, an expired lease.
+    """
+    cond: dict[str, Any] = {
+        "pk": lease.run_id, "lease_owner": lease.owner, "lease_epoch": lease.epoch,
+        "event_seq": lease.seq,
+    }
+    if require_unexpired:
+        cond["lease_expires_at__gt"] = now
+    try:
+        with transaction.atomic():
+            # Row writes go first so they can put generated ids into event payloads; if the
+            # compare-and-set below fails they are rolled back with everything else.
+            if writes is not None:
+                writes()
+            rows, seq, head = build_events(lease.run_id, lease.seq, lease.head, specs,
+                                           lease.owner, now)
+            updated = Run.objects.filter(**cond).update(
+                event_seq=seq, event_hash=head, updated_at=now, **(run_fields or {})
+            )
+            if updated != 1:
+                raise _CasFailed
+            Event.objects.bulk_create(rows)
+            crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=lease.run_id,
+                                step_index=_last_step_index(specs))
+    except Exception as exc:
+        lost = _lease_lost(lease, now, require_unexpired)
+        if lost is not None:
+            raise lost from None
+        if isinstance(exc, _CasFailed):
+            raise AssertionError(f"run {lease.run_id}: lease write refused, lease intact") from None
+        raise
+    lease.seq, lease.head = seq, head
+    log_events(rows)
+    return rows
+
+
+def _lease_lost(lease: Lease, now: datetime, require_unexpired: bool) -> LeaseLost | None:
+    """Why a lease write failed, or None if the lease is in fact intact."""
+    row = Run.objects.filter(pk=lease.run_id).values(
+        "lease_owner", "lease_epoch", "lease_expires_at", "event_seq"
+    ).first()
+    if row is None:
+        err = LeaseLost(lease.run_id, lease.owner, "the run no longer exists")
+    elif row["lease_owner"] != lease.owner or row["lease_epoch"] != lease.epoch:
+        holder = row["lease_owner"] or "nobody"
+        err = LeaseLost(lease.run_id, lease.owner,
+                        f"lease lost: now held by {holder} (epoch {row['lease_epoch']})")
+    elif row["event_seq"] != lease.seq:
+        err = LeaseLost(lease.run_id, lease.owner, "the run was changed by someone else")
+    elif require_unexpired and (row["lease_expires_at"] is None or row["lease_expires_at"] <= now):
+        err = LeaseLost(lease.run_id, lease.owner,
+                        f"lease expired at {row['lease_expires_at']} (now {now})",
+                        expired_but_held=True)
+    else:
+        return None
+    lease.lost = True
+    return err
+
+
+def run_create(
+    agent: str, input: Any, *, created_by: str = "", now: datetime, actor: str = ""
+) -> Run:
+    """Insert a queued run with its ``run.created`` event. The caller checked the agent."""
+    data = check_payload("run input", input)
+    with transaction.atomic():
+        run = Run.objects.create(agent=agent, input=data, status=RunStatus.QUEUED,
+                                 created_by=created_by, created_at=now, updated_at=now)
+        spec = EventSpec("run.created", {"agent": agent, "input": data, "created_by": created_by})
+        rows, seq, head = build_events(run.pk, 0, "", [spec], actor or created_by or "system", now)
+        Event.objects.bulk_create(rows)
+        Run.objects.filter(pk=run.pk).update(event_seq=seq, event_hash=head)
+    run.event_seq, run.event_hash = seq, head
+    log_events(rows)
+    return run
+
+
+@dataclass
+class Acquired:
+    """The outcome of ``run_acquire``: the lease, the run as claimed, and what happened."""
+
+    lease: Lease
+    run: Run
+    taken_over: bool
+    resumed: bool
+    interrupted_step: int | None
+
+
+def run_acquire(
+    run_id: int,
+    owner: str,
+    *,
+    lease_seconds: float,
+    now: datetime,
+    owner_is_dead: Callable[[Run], bool] | None = None,
+) -> Acquired:
+    """Take the run's lease: claim a queued run, or take over one whose lease has expired.
+
+    One conditional UPDATE decides; a live lease held by anyone raises ``RunLeased`` and
+    changes nothing. ``owner_is_dead`` lets a worker take over at once from an owner it has
+    proved dead (same host, pid gone) instead of waiting out the lease.
+    """
+    try:
+        run = Run.objects.get(pk=run_id)
+    except (Run.DoesNotExist, ValueError, TypeError):
+        raise RunNotFound(run_id) from None
+    expires = now + timedelta(seconds=lease_seconds)
+    if run.status == RunStatus.QUEUED:
+        return _claim(run, owner, now, expires)
+    if run.status == RunStatus.RUNNING:
+        live = run.lease_expires_at is not None and run.lease_expires_at > now
+        if live and not (owner_is_dead and owner_is_dead(run)):
+            raise RunLeased(run.pk, run.lease_owner, run.lease_expires_at)
+        return _take_over(run, owner, now, expires, force=live)
+    raise RunNotResumable(run.pk, run.status)
+
+
+def _claim(run: Run, owner: str, now: datetime, expires: datetime) -> Acquired:
+    resumed = run.lease_epoch > 0
+    epoch = run.lease_epoch + 1
+    specs = [
+        EventSpec("lease.taken",
+                  {"owner": owner, "epoch": epoch, "expires_at": expires.isoformat()}),
+        EventSpec("run.resumed" if resumed else "run.started", {"owner": owner}),
+    ]
+    rows, seq, head = build_events(run.pk, run.event_seq, run.event_hash, specs, owner, now)
+    with transaction.atomic():
+        updated = Run.objects.filter(
+            pk=run.pk, status=RunStatus.QUEUED, lease_epoch=run.lease_epoch,
+            event_seq=run.event_seq,
+        ).update(status=RunStatus.RUNNING, lease_owner=owner, lease_epoch=epoch,
+                 lease_expires_at=expires, event_seq=seq, event_hash=head, updated_at=now)
+        if updated == 1:
+            Event.objects.bulk_create(rows)
+    if updated != 1:
+        raise _lost_race(run.pk, now)
+    log_events(rows)
+    _apply(run, RunStatus.RUNNING, owner, epoch, expires, seq, head)
+    return Acquired(Lease(run.pk, owner, epoch, expires, seq, head), run, False, resumed, None)
+
+
+def _take_over(run: Run, owner: str, now: datetime, expires: datetime, force: bool) -> Acquired:
+    epoch = run.lease_epoch + 1
+    step = (Step.objects.filter(run_id=run.pk, status__in=IN_FLIGHT_STEP_STATUSES)
+            .order_by("-index").first())
+    specs = [
+        EventSpec("lease.taken_over", {
+            "owner": owner, "epoch": epoch, "expires_at": expires.isoformat(),
+            "previous_owner": run.lease_owner, "previous_epoch": run.lease_epoch,
+            "previous_expires_at": _iso_or_none(run.lease_expires_at),
+            "reason": "owner proved dead" if force else "lease expired",
+        }),
+        EventSpec("run.resumed", {"owner": owner, "after": "takeover"}),
+    ]
+    if step is not None:
+        specs.append(EventSpec("step.interrupted", {
+            "was": step.status, "tool": step.tool, "effect": step.effect,
+            "attempt": step.attempt, "dispatched": step.dispatched_attempt == step.attempt
+            and step.attempt > 0, "previous_owner": run.lease_owner,
+        }, step.index))
+    rows, seq, head = build_events(run.pk, run.event_seq, run.event_hash, specs, owner, now)
+    cond: dict[str, Any] = {"pk": run.pk, "status": RunStatus.RUNNING,
+                            "lease_epoch": run.lease_epoch, "event_seq": run.event_seq}
+    if not force:
+        cond["lease_expires_at__lte"] = now
+    with transaction.atomic():
+        updated = Run.objects.filter(**cond).update(
+            lease_owner=owner, lease_epoch=epoch, lease_expires_at=expires,
+            event_seq=seq, event_hash=head, updated_at=now)
+        if updated == 1:
+            if step is not None:
+                Step.objects.filter(pk=step.pk).update(status=StepStatus.INTERRUPTED)
+            Event.objects.bulk_create(rows)
+    if updated != 1:
+        raise _lost_race(run.pk, now)
+    log_events(rows)
+    _apply(run, RunStatus.RUNNING, owner, epoch, expires, seq, head)
+    return Acquired(Lease(run.pk, owner, epoch, expires, seq, head), run, True, True,
+                    step.index if step is not None else None)
+
+
+def _apply(run: Run, status: str, owner: str, epoch: int, expires: datetime, seq: int,
+           head: str) -> None:
+    run.status, run.lease_owner, run.lease_epoch = status, owner, epoch
+    run.lease_expires_at, run.event_seq, run.event_hash = expires, seq, head
+
+
+def _lost_race(run_id: int, now: datetime) -> Exception:
+    """Someone else changed the run between our read and our conditional UPDATE."""
+    run = Run.objects.get(pk=run_id)
+    if run.status == RunStatus.RUNNING:
+        return RunLeased(run.pk, run.lease_owner, run.lease_expires_at)
+    return RunNotResumable(run.pk, run.status)
+
+
+def run_append_in_tx(
+    run: Run,
+    specs: Sequence[EventSpec],
+    *,
+    actor: str,
+    now: datetime,
+    expect_status: Sequence[str],
+    run_fields: dict[str, Any] | None = None,
+) -> list[Event] | None:
+    """Append events to a run nobody holds (an operator's decision), inside the caller's
+    transaction. Returns None, writing nothing, if the run moved on since it was read."""
+    rows, seq, head = build_events(run.pk, run.event_seq, run.event_hash, specs, actor, now)
+    updated = Run.objects.filter(
+        pk=run.pk, status__in=list(expect_status), event_seq=run.event_seq
+    ).update(event_seq=seq, event_hash=head, updated_at=now, **(run_fields or {}))
+    if updated != 1:
+        return None
+    Event.objects.bulk_create(rows)
+    run.event_seq, run.event_hash = seq, head
+    transaction.on_commit(lambda: log_events(rows))
+    return rows
+
+
+def _iso_or_none(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
