@@ -80,6 +80,8 @@ def _database() -> dict:
         config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "runtime.sqlite3"}
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
+        # Tests use files too: WAL and the heartbeat's own connection need a shared file.
+        config.setdefault("TEST", {"NAME": str(VAR_DIR / "test-runtime.sqlite3")})
     return config
 
 
@@ -116,7 +118,8 @@ LOGGING = {
 # The runtime app's own settings. AGENTS lists dotted paths to Agent objects;
 # RUNTIME_AGENTS (comma-separated) adds more without editing this file.
 RUNTIME = {
-    "AGENTS": [p for p in os.environ.get("RUNTIME_AGENTS", "").split(",") if p],
+    "AGENTS": ["console.agents.hello"]
+    + [p for p in os.environ.get("RUNTIME_AGENTS", "").split(",") if p],
     "LEASE_SECONDS": float(os.environ.get("RUNTIME_LEASE_SECONDS", "30")),
     "MAX_PAYLOAD_BYTES": int(os.environ.get("RUNTIME_MAX_PAYLOAD_BYTES", str(1024 * 1024))),
 }
