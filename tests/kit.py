@@ -36,18 +36,47 @@ class Ledger:
 
 
 class Gate:
-    """Lets a test hold a tool call open until it says go (synchronisation, not sleeping)."""
+    """Lets a test hold a tool call open until it says go (synchronisation, not sleeping).
+    With ``once=True`` only the first call is held; later calls pass straight through."""
 
-    def __init__(self) -> None:
+    def __init__(self, once: bool = False) -> None:
         self.entered = threading.Event()
         self.release = threading.Event()
+        self.once = once
 
     def wait_inside(self, timeout: float = 10) -> None:
         assert self.entered.wait(timeout), "the tool was never entered"
 
     def hold(self, timeout: float = 30) -> None:
+        if self.once and self.entered.is_set():
+            return
         self.entered.set()
         assert self.release.wait(timeout), "the test never released the tool"
+
+
+class Background:
+    """Runs ``fn`` on its own thread (own database connection); keeps its result or error."""
+
+    def __init__(self, fn: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Any) -> None:
+        from django.db import connection
+
+        try:
+            self.result = fn()
+        except BaseException as exc:  # the test inspects it, including SimulatedCrash
+            self.error = exc
+        finally:
+            connection.close()
+
+    def join(self, timeout: float = 30) -> Background:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "background work did not finish"
+        return self
 
 
 def make_tools(ledger: Ledger, gates: dict[str, Gate] | None = None) -> list:
@@ -95,5 +124,5 @@ def events_of(run: Run | int) -> list[str]:
     return list(Event.objects.filter(run_id=run_id).order_by("seq").values_list("kind", flat=True))
 
 
-__all__ = ["Budget", "FinalAnswer", "Gate", "Ledger", "ToolCall", "events_of", "make_agent",
-           "make_tools"]
+__all__ = ["Background", "Budget", "FinalAnswer", "Gate", "Ledger", "ToolCall", "events_of",
+           "make_agent", "make_tools"]
