@@ -9,6 +9,7 @@ Whatever must be durable before an outside call is committed before it, never fo
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -37,7 +38,7 @@ from .models import (
     StepStatus,
 )
 from .policy import Deny, Request, RequireApproval
-from .store import Lease, lease_commit, run_acquire
+from .store import Acquired, Lease, lease_commit, run_acquire
 from .tools import Tool, ToolContext
 
 # Events that start something outside (an LLM request, a tool call, a dispatch) need the lease
@@ -99,6 +100,10 @@ class Driver:
         Returns the run once it is paused, finished or failed. Raises ``RunLeased`` if someone
         else holds a live lease, ``LeaseLost`` if this process lost it while executing.
         """
+        return self.execute(self.acquire(run_id))
+
+    def acquire(self, run_id: int) -> Acquired:
+        """Take the run's lease in one transaction; nothing else is done yet."""
         acquired = run_acquire(run_id, self.owner, lease_seconds=self.lease_seconds,
                                now=self.clock.now(), owner_is_dead=self.owner_is_dead)
         if acquired.resumed:
@@ -107,25 +112,35 @@ class Driver:
         if acquired.interrupted_step is not None:
             crashpoints.reached(CrashPoint.AFTER_STEP_INTERRUPTED, run_id=run_id,
                                 step_index=acquired.interrupted_step)
+        return acquired
+
+    def execute(self, acquired: Acquired, should_stop: Callable[[], bool] | None = None) -> Run:
+        """Execute an acquired run, heartbeating its lease, until it pauses or ends.
+
+        ``should_stop`` is polled between steps; when it turns true the run is released
+        (``run.released``, queued again) at the next point where nothing is in flight.
+        """
         keeper = self.keeper
         own_keeper = keeper is None
         if keeper is None:
             keeper = LeaseKeeper(self.lease_seconds, clock=self.clock).start()
         keeper.add(acquired.lease)
         try:
-            Execution(self, acquired.lease, acquired.run).execute()
+            Execution(self, acquired.lease, acquired.run, should_stop).execute()
         finally:
             keeper.discard(acquired.lease)
             if own_keeper:
                 keeper.stop()
-        return Run.objects.get(pk=run_id)
+        return Run.objects.get(pk=acquired.run.pk)
 
 
 class Execution:
     """The state of one run while this process holds its lease."""
 
-    def __init__(self, driver: Driver, lease: Lease, run: Run) -> None:
+    def __init__(self, driver: Driver, lease: Lease, run: Run,
+                 should_stop: Callable[[], bool] | None = None) -> None:
         self.driver, self.lease, self.run = driver, lease, run
+        self.should_stop = should_stop or (lambda: False)
         self.clock = driver.clock
         self.steps: list[Step] = list(Step.objects.filter(run_id=run.pk).order_by("index"))
         self.transcript = Transcript(run.pk, run.agent, run.input, [
@@ -172,6 +187,9 @@ class Execution:
 
     def begin_step(self, tx: Tx, index: int) -> Step | None:
         """Add the start of step ``index`` (and its LLM request) to ``tx`` and commit it."""
+        if self.should_stop():
+            self.stop_here(tx)
+            return None
         budget = self.agent.budget
         if index > budget.max_steps:
             self.fail(tx, FailureCode.BUDGET_EXCEEDED,
@@ -210,6 +228,9 @@ class Execution:
             return self.apply_decision(tx, step, decision)
         if self.lease.lost:
             raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
+        if self.should_stop():  # the step stays deciding; whoever claims it next decides it
+            self.stop_here(tx)
+            return None
         crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=self.run.pk,
                             step_index=step.index)
         try:
@@ -410,6 +431,12 @@ class Execution:
         tx.event("run.paused", {"reason": kind}, step.index)
         self.release(tx, RunStatus.WAITING)
         tx.crash_after(CrashPoint.AFTER_PAUSE, step.index)
+        self.commit(tx)
+
+    def stop_here(self, tx: Tx) -> None:
+        """This process is stopping: hand the run back to the queue, nothing in flight."""
+        tx.event("run.released", {"reason": "worker stopping"})
+        self.release(tx, RunStatus.QUEUED)
         self.commit(tx)
 
     def release(self, tx: Tx, status: str) -> None:

@@ -275,3 +275,30 @@ def run_append_in_tx(
 
 def _iso_or_none(at: datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
+
+
+def run_release(lease: Lease, *, now: datetime, reason: str) -> bool:
+    """Hand a run back to the queue from outside its loop (a stopping worker past its grace
+    period). A step still in flight is marked interrupted in the same transaction, so whoever
+    claims the run next applies the interruption contract to it. False if the lease was gone."""
+    step = (Step.objects.filter(run_id=lease.run_id, status__in=IN_FLIGHT_STEP_STATUSES)
+            .order_by("-index").first())
+    specs = []
+    if step is not None:
+        specs.append(EventSpec("step.interrupted", {
+            "was": step.status, "tool": step.tool, "effect": step.effect,
+            "attempt": step.attempt, "reason": reason}, step.index))
+    specs += [EventSpec("run.released", {"reason": reason}),
+              EventSpec("lease.released", {"owner": lease.owner, "epoch": lease.epoch})]
+
+    def writes() -> None:
+        if step is not None:
+            Step.objects.filter(pk=step.pk, status=step.status).update(
+                status=StepStatus.INTERRUPTED)
+
+    try:
+        lease_commit(lease, specs, now=now, writes=writes, run_fields={
+            "status": RunStatus.QUEUED, "lease_owner": "", "lease_expires_at": None})
+    except LeaseLost:
+        return False
+    return True

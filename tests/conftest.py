@@ -63,3 +63,20 @@ def clock():
     from runtime.clock import ManualClock
 
     return ManualClock()
+
+
+@pytest.fixture
+def spawn(rdb: Path, tmp_path: Path) -> Iterator:
+    """Start real worker processes on this test's database; each is ended by its pid after."""
+    from tests.procs import WorkerProcess
+
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **kw) -> WorkerProcess:
+        proc = WorkerProcess(rdb, tmp_path, *args, **kw)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()

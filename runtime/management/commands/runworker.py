@@ -1,0 +1,60 @@
+"""``manage.py runworker``: a worker process that claims and executes runs until stopped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runtime import crashpoints
+from runtime.agents import registry
+from runtime.errors import UnknownAgent
+from runtime.worker import Worker
+
+LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+class Command(BaseCommand):
+    help = ("Claim queued runs (oldest first), take over runs whose owner died, and execute "
+            "them. SIGTERM/SIGINT: stop claiming, finish calls in flight, release, exit 0.")
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--concurrency", type=int, default=1, help="threads (default 1)")
+        parser.add_argument("--name", default="worker", help="lease owner name prefix")
+        parser.add_argument("--lease-seconds", type=float, default=None)
+        parser.add_argument("--poll-interval", type=float, default=0.5)
+        parser.add_argument("--grace-seconds", type=float, default=30.0)
+        parser.add_argument("--burst", action="store_true", help="drain what is runnable, exit")
+        parser.add_argument("--agents", nargs="*", default=[], help="only runs of these agents")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if opts["lease_seconds"] is not None and opts["lease_seconds"] <= 0:
+            raise CommandError("--lease-seconds must be positive")
+        try:
+            for name in opts["agents"]:
+                registry.get(name)
+        except UnknownAgent as exc:
+            raise CommandError(str(exc)) from None
+        logging.getLogger("runtime").setLevel(LEVELS.get(opts["verbosity"], logging.INFO))
+        crashpoints.arm_from_env()  # the crash test kit arms this process through its env
+        worker = Worker(
+            name=opts["name"], concurrency=opts["concurrency"],
+            lease_seconds=opts["lease_seconds"], poll_interval=opts["poll_interval"],
+            grace_seconds=opts["grace_seconds"], agents=opts["agents"], burst=opts["burst"])
+        signals = {"count": 0}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            signals["count"] += 1
+            if signals["count"] > 1:  # a second signal: leave now; leases will expire
+                os._exit(1)
+            worker.request_stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        sys.exit(worker.run())

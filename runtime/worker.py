@@ -1,0 +1,207 @@
+"""The engine behind ``manage.py runworker``: claim runs, execute them on threads, keep their
+leases alive, take over the runs of dead workers, and stop without leaving work in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.db import connection
+
+from .clock import SYSTEM_CLOCK, Clock
+from .driver import Driver
+from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
+from .lease import LeaseKeeper, make_owner
+from .models import Run, RunStatus
+from .models import Worker as WorkerRow
+from .procs import boot_id, hostname, own_process_start, owner_provably_dead
+from .store import Acquired, Lease, run_release
+
+log = logging.getLogger("runtime.worker")
+
+
+class Worker:
+    """One worker process: ``concurrency`` threads, one lease owner id, one heartbeat."""
+
+    def __init__(
+        self,
+        *,
+        name: str = "worker",
+        concurrency: int = 1,
+        lease_seconds: float | None = None,
+        poll_interval: float = 0.5,
+        grace_seconds: float = 30.0,
+        agents: Sequence[str] | None = None,
+        burst: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.name, self.concurrency, self.burst = name, concurrency, burst
+        self.lease_seconds = float(lease_seconds or settings.RUNTIME.get("LEASE_SECONDS", 30))
+        self.poll_interval, self.grace_seconds = poll_interval, grace_seconds
+        self.agents = list(agents or [])
+        self.clock = clock
+        self.owner = make_owner(name)
+        self.keeper = LeaseKeeper(self.lease_seconds, clock=clock, on_tick=self._beat)
+        self.driver = Driver(self.owner, lease_seconds=self.lease_seconds, clock=clock,
+                             keeper=self.keeper, owner_is_dead=self._owner_is_dead)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._active: dict[int, tuple[threading.Thread, Lease]] = {}
+        self.finished = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code."""
+        self._register()
+        self.keeper.start()
+        log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s", self.owner,
+                 self.concurrency, self.lease_seconds, self.poll_interval,
+                 f", agents {', '.join(self.agents)}" if self.agents else "")
+        try:
+            while not self._stop.is_set():
+                claimed = self._fill_slots()
+                if self.burst and not claimed and not self._running():
+                    log.info("worker %s: nothing left to run (burst)", self.owner)
+                    break
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+        finally:
+            self._shutdown()
+        return 0
+
+    def request_stop(self) -> None:
+        """Stop claiming; runs in flight finish their current call, then are released."""
+        if not self._stop.is_set():
+            log.info("worker %s stopping: no new claims", self.owner)
+        self._stop.set()
+        self._wake.set()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + self.grace_seconds
+        with self._lock:
+            pending = list(self._active.items())
+        if pending:
+            log.info("worker %s: waiting up to %.0fs for %d run(s) in flight", self.owner,
+                     self.grace_seconds, len(pending))
+        for _run_id, (thread, _lease) in pending:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            stuck = [(run_id, lease) for run_id, (t, lease) in self._active.items() if t.is_alive()]
+        for run_id, lease in stuck:
+            released = run_release(lease, now=self.clock.now(),
+                                   reason="worker stopped after its grace period")
+            log.warning("run=%s owner=%s %s after the grace period", run_id, self.owner,
+                        "released" if released else "already lost")
+        self.keeper.stop()
+        WorkerRow.objects.filter(owner=self.owner).delete()
+        log.info("worker %s stopped (%d runs handled)", self.owner, self.finished)
+        connection.close()
+
+    # -- claiming -----------------------------------------------------------------------------
+
+    def _running(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def _fill_slots(self) -> int:
+        claimed = 0
+        while self._running() < self.concurrency and not self._stop.is_set():
+            acquired = self._claim_one()
+            if acquired is None:
+                break
+            self._start(acquired)
+            claimed += 1
+        return claimed
+
+    def _claim_one(self) -> Acquired | None:
+        for run_id in self._candidates():
+            with self._lock:
+                if run_id in self._active:
+                    continue
+            try:
+                return self.driver.acquire(run_id)
+            except (RunLeased, RunNotResumable, RunNotFound):
+                continue  # another worker won it, or it moved on: try the next one
+        return None
+
+    def _candidates(self) -> list[int]:
+        """Runs to try, oldest first: expired leases, dead same-host owners, then queued."""
+        limit = self.concurrency * 2
+        runs = Run.objects.all()
+        if self.agents:
+            runs = runs.filter(agent__in=self.agents)
+        now = self.clock.now()
+        ids = list(runs.filter(status=RunStatus.RUNNING, lease_expires_at__lte=now)
+                   .order_by("lease_expires_at").values_list("pk", flat=True)[:limit])
+        dead = self._dead_owners()
+        if dead:
+            ids += list(runs.filter(status=RunStatus.RUNNING, lease_owner__in=dead)
+                        .order_by("pk").values_list("pk", flat=True)[:limit])
+        ids += list(runs.filter(status=RunStatus.QUEUED).order_by("pk")
+                    .values_list("pk", flat=True)[:limit])
+        return ids
+
+    def _dead_owners(self) -> list[str]:
+        rows = WorkerRow.objects.filter(host=hostname(), boot_id=boot_id()).exclude(
+            owner=self.owner).values_list("owner", "proc_start")
+        return [owner for owner, start in rows
+                if owner_provably_dead(owner, boot=boot_id(), proc_start=start)]
+
+    def _owner_is_dead(self, run: Run) -> bool:
+        row = WorkerRow.objects.filter(owner=run.lease_owner).values_list(
+            "boot_id", "proc_start").first()
+        return row is not None and owner_provably_dead(run.lease_owner, boot=row[0],
+                                                       proc_start=row[1])
+
+    # -- executing ----------------------------------------------------------------------------
+
+    def _start(self, acquired: Acquired) -> None:
+        run_id = acquired.run.pk
+        thread = threading.Thread(target=self._execute, args=(acquired,), daemon=True,
+                                  name=f"run-{run_id}")
+        with self._lock:
+            self._active[run_id] = (thread, acquired.lease)
+        log.info("run=%s owner=%s %s", run_id, self.owner,
+                 "taken over" if acquired.taken_over else "claimed")
+        thread.start()
+
+    def _execute(self, acquired: Acquired) -> None:
+        run_id = acquired.run.pk
+        try:
+            run = self.driver.execute(acquired, should_stop=self._stop.is_set)
+            log.info("run=%s owner=%s left %s", run_id, self.owner, run.status)
+        except LeaseLost as exc:
+            log.warning("run=%s owner=%s stopped: %s", run_id, self.owner, exc.reason)
+        except Exception:
+            # A bug or a database failure: leave the lease to expire, so the run is taken over
+            # and the interruption contract decides what to do with its step.
+            log.exception("run=%s owner=%s crashed; its lease will expire", run_id, self.owner)
+        finally:
+            connection.close()
+            with self._lock:
+                self._active.pop(run_id, None)
+                self.finished += 1
+            self._wake.set()
+
+    # -- the Worker row -----------------------------------------------------------------------
+
+    def _register(self) -> None:
+        now = self.clock.now()
+        WorkerRow.objects.create(
+            owner=self.owner, name=self.name, host=hostname(), pid=os.getpid(),
+            boot_id=boot_id(), proc_start=own_process_start(), started_at=now,
+            heartbeat_at=now, concurrency=self.concurrency, lease_seconds=self.lease_seconds)
+
+    def _beat(self) -> None:
+        WorkerRow.objects.filter(owner=self.owner).update(
+            heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))

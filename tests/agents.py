@@ -1,0 +1,83 @@
+"""Agents for tests that run real worker processes (``RUNTIME_AGENTS=tests.agents.AGENTS``).
+
+Their tools write to ``ledger.jsonl`` in ``RUNTIME_TEST_DIR``: the outside world's own record,
+which survives the worker being killed. ``slow`` tools wait for a release file the test writes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from runtime import Agent, FinalAnswer, ScriptedLLM, ToolCall, ToolContext, tool
+from tests.kit import Ledger
+
+DIR = Path(os.environ.get("RUNTIME_TEST_DIR", tempfile.gettempdir()))
+
+
+def ledger() -> Ledger:
+    return Ledger(DIR / "ledger.jsonl")
+
+
+def _hold(name: str, ctx: ToolContext) -> None:
+    """Announce entry, then wait (bounded) until the test writes the release file."""
+    (DIR / f"entered-{name}-{ctx.run_id}-{ctx.attempt}").write_text(str(os.getpid()))
+    release = DIR / f"release-{name}"
+    deadline = time.monotonic() + 120
+    while not release.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{release} never appeared")
+        time.sleep(0.01)
+
+
+def _record(name: str, ctx: ToolContext, **data) -> None:
+    ledger().record(name, run=ctx.run_id, step=ctx.step_index, attempt=ctx.attempt,
+                    key=ctx.idempotency_key, pid=os.getpid(), **data)
+
+
+@tool(effect="read_only")
+def noop(ctx: ToolContext, n: int) -> dict:
+    """Do nothing, on the record."""
+    _record("noop", ctx, n=n)
+    return {"n": n}
+
+
+@tool(effect="read_only")
+def slow_read(ctx: ToolContext) -> dict:
+    """A read that takes as long as the test wants."""
+    _hold("slow_read", ctx)
+    _record("slow_read", ctx)
+    return {"read": True}
+
+
+@tool(effect="side_effect")
+def slow_charge(ctx: ToolContext, amount: int) -> dict:
+    """A charge that takes as long as the test wants."""
+    _hold("slow_charge", ctx)
+    _record("slow_charge", ctx, amount=amount)
+    return {"charged": amount}
+
+
+@tool(effect="read_only")
+def boom(ctx: ToolContext) -> dict:
+    """Always raises."""
+    raise RuntimeError("the tool exploded")
+
+
+def _llm_that_raises(transcript):
+    raise ConnectionError("the LLM is down")
+
+
+TOOLS = [noop, slow_read, slow_charge, boom]
+
+AGENTS = [
+    Agent("steps5", ScriptedLLM([ToolCall("noop", {"n": i}) for i in range(5)]
+                                + [FinalAnswer("done")]), TOOLS),
+    Agent("slow", ScriptedLLM([ToolCall("slow_read"), FinalAnswer("done")]), TOOLS),
+    Agent("slowpay", ScriptedLLM([ToolCall("slow_charge", {"amount": 5}), FinalAnswer("paid")]),
+          TOOLS),
+    Agent("llmdown", ScriptedLLM(_llm_that_raises), TOOLS),
+    Agent("toolboom", ScriptedLLM([ToolCall("boom"), FinalAnswer("survived")]), TOOLS),
+]

@@ -1,0 +1,185 @@
+"""``manage.py runworker`` as real processes: claims, signals, takeover of dead workers."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from contextlib import contextmanager
+
+import pytest
+
+from runtime import start
+from runtime.agents import registry
+from runtime.approvals import pending
+from runtime.models import Event, Run
+from runtime.models import Worker as WorkerRow
+from tests import agents
+from tests.kit import Ledger, events_of
+from tests.procs import wait_until
+
+
+@contextmanager
+def _agents():
+    with registry.override(*agents.AGENTS):
+        yield
+
+
+def _ledger(tmp_path) -> Ledger:
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+def _entered(tmp_path, name: str, run_id: int, attempt: int = 1):
+    path = tmp_path / f"entered-{name}-{run_id}-{attempt}"
+    return lambda: path.exists()
+
+
+def _status(run_id: int) -> str:
+    return Run.objects.get(pk=run_id).status
+
+
+def test_burst_drains_the_queue_and_exits_zero(rdb, tmp_path, spawn):
+    with _agents():
+        runs = [start("steps5", {"i": i}) for i in range(6)]
+    worker = spawn("--burst", "--concurrency", "3")
+    assert worker.wait() == 0, worker.output()
+    assert {_status(r.pk) for r in runs} == {"succeeded"}
+    assert _ledger(tmp_path).count("noop") == 30
+    assert not WorkerRow.objects.exists()  # removed on a clean exit
+    out = worker.output()
+    assert f"run={runs[0].pk} #" in out and "step.tool_finished step=1 actor=worker@" in out
+
+
+def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(rdb, tmp_path, spawn):
+    with _agents():
+        run = start("slow", {})
+    worker = spawn("--grace-seconds", "60")
+    wait_until(_entered(tmp_path, "slow_read", run.pk), what="the tool to start")
+    row = WorkerRow.objects.get()
+    assert row.pid == worker.pid and row.concurrency == 1
+    worker.signal(signal.SIGTERM)
+    (tmp_path / "release-slow_read").touch()
+    assert worker.wait() == 0, worker.output()
+    kinds = events_of(run)
+    assert kinds[-3:] == ["step.tool_finished", "run.released", "lease.released"]
+    released = Run.objects.get(pk=run.pk)
+    assert released.status == "queued" and released.lease_owner == ""
+    assert not WorkerRow.objects.exists()
+    assert spawn("--burst").wait() == 0
+    assert _status(run.pk) == "succeeded"
+    assert _ledger(tmp_path).count("slow_read") == 1  # finished once, never re-run
+
+
+def test_sigterm_past_the_grace_period_releases_an_interrupted_step(rdb, tmp_path, spawn):
+    with _agents():
+        run = start("slowpay", {})
+    worker = spawn("--grace-seconds", "0.3")
+    wait_until(_entered(tmp_path, "slow_charge", run.pk), what="the charge to start")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    assert events_of(run)[-3:] == ["step.interrupted", "run.released", "lease.released"]
+    assert _status(run.pk) == "queued"
+    assert spawn("--burst").wait() == 0
+    # The charge's outcome is unknown: the next worker puts it to a person, it does not re-run.
+    assert _status(run.pk) == "waiting"
+    assert [a.kind for a in pending()] == ["interrupted_side_effect"]
+    assert _ledger(tmp_path).count("slow_charge") == 0
+
+
+def test_a_second_signal_exits_at_once_leaving_the_lease_to_expire(rdb, tmp_path, spawn):
+    with _agents():
+        run = start("slow", {})
+    worker = spawn("--grace-seconds", "60")
+    wait_until(_entered(tmp_path, "slow_read", run.pk), what="the tool to start")
+    worker.signal(signal.SIGTERM)
+    wait_until(lambda: "waiting up to 60s" in worker.output(), what="the first signal")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 1
+    row = Run.objects.get(pk=run.pk)
+    assert row.status == "running" and row.lease_owner.startswith("worker@")
+
+
+def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(rdb, tmp_path, spawn):
+    with _agents():
+        run = start("slow", {})
+    first = spawn("--lease-seconds", "30")
+    wait_until(_entered(tmp_path, "slow_read", run.pk), what="the tool to start")
+    held = Run.objects.get(pk=run.pk)
+    first.kill()  # SIGKILL: nothing of the process survives, its lease is still on the row
+    (tmp_path / "release-slow_read").touch()
+    second = spawn("--lease-seconds", "30", "--name", "survivor")
+    wait_until(lambda: _status(run.pk) == "succeeded", timeout=20, what="the takeover")
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0
+    taken = Event.objects.get(run_id=run.pk, kind="lease.taken_over")
+    assert taken.payload["reason"] == "owner proved dead"
+    assert taken.payload["previous_owner"] == held.lease_owner
+    assert taken.actor.startswith("survivor@")
+    # Well under one lease length: the dead owner's lease had most of its 30 s left.
+    assert (held.lease_expires_at - taken.at).total_seconds() > 20
+    assert events_of(run).count("step.interrupted") == 1
+    # The dead worker's row stays, to be shown as dead; it is not deleted silently.
+    assert WorkerRow.objects.filter(pid=first.pid).exists()
+
+
+def test_a_live_workers_run_is_never_taken(rdb, tmp_path, spawn):
+    with _agents():
+        run = start("slow", {})
+    holder = spawn("--lease-seconds", "30")
+    wait_until(_entered(tmp_path, "slow_read", run.pk), what="the tool to start")
+    owner = Run.objects.get(pk=run.pk).lease_owner
+    other = spawn("--burst", "--lease-seconds", "30", "--name", "other")
+    assert other.wait() == 0
+    assert Run.objects.get(pk=run.pk).lease_owner == owner
+    assert "lease.taken_over" not in events_of(run)
+    (tmp_path / "release-slow_read").touch()
+    wait_until(lambda: _status(run.pk) == "succeeded", what="the run to finish")
+    holder.signal(signal.SIGTERM)
+    assert holder.wait() == 0
+
+
+def test_a_survivor_takes_over_after_the_lease_expires(rdb, tmp_path, spawn):
+    """Without proof of death (the row says another boot), the survivor waits out the lease."""
+    with _agents():
+        run = start("slow", {})
+    first = spawn("--lease-seconds", "1")
+    wait_until(_entered(tmp_path, "slow_read", run.pk), what="the tool to start")
+    first.kill()
+    WorkerRow.objects.filter(pid=first.pid).update(boot_id="another-boot")
+    expires = Run.objects.get(pk=run.pk).lease_expires_at
+    (tmp_path / "release-slow_read").touch()
+    survivor = spawn("--lease-seconds", "1", "--poll-interval", "0.1")
+    wait_until(lambda: _status(run.pk) == "succeeded", timeout=20, what="the takeover")
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait() == 0
+    taken = Event.objects.get(run_id=run.pk, kind="lease.taken_over")
+    assert taken.payload["reason"] == "lease expired" and taken.at >= expires
+
+
+def test_a_failing_run_never_takes_the_worker_or_other_runs_down(rdb, tmp_path, spawn):
+    with _agents():
+        down, boom, fine = start("llmdown", {}), start("toolboom", {}), start("steps5", {})
+    worker = spawn("--burst", "--concurrency", "3")
+    assert worker.wait() == 0, worker.output()
+    assert Run.objects.get(pk=down.pk).failure_message.startswith("LLM request failed")
+    assert Run.objects.get(pk=boom.pk).output == "survived"
+    assert _status(fine.pk) == "succeeded"
+
+
+@pytest.mark.slow
+def test_four_workers_share_one_sqlite_file_without_locking_errors(rdb, tmp_path, spawn):
+    with _agents():
+        runs = [start("steps5", {"i": i}) for i in range(300)]
+    workers = [spawn("--burst", "--concurrency", "4", "--poll-interval", "0.05",
+                     tag=f"w{i}") for i in range(4)]
+    for w in workers:
+        assert w.wait(timeout=600) == 0, w.output()[-2000:]
+    statuses = Counter(Run.objects.filter(pk__in=[r.pk for r in runs])
+                       .values_list("status", flat=True))
+    assert statuses == {"succeeded": 300}
+    calls = Counter((c["run"], c["step"]) for c in _ledger(tmp_path).calls("noop"))
+    assert len(calls) == 1500 and max(calls.values()) == 1  # no step executed twice
+    for w in workers:
+        out = w.output()
+        assert "database is locked" not in out and "Traceback" not in out
+    handled = [int(w.output().rsplit("(", 1)[1].split()[0]) for w in workers]
+    assert sum(handled) == 300
