@@ -329,6 +329,8 @@ class Execution:
             return None
         if isinstance(verdict, Deny):
             tx.event("policy.denied", {"reason": verdict.reason, "tool": tool.name}, step.index)
+            if approval is not None:
+                self.cancel_approval(tx, approval, f"policy denied: {verdict.reason}")
             tx.step_update(step, status=StepStatus.FAILED, error=f"policy denied: {verdict.reason}",
                            finished_at=tx.now)
             self.fail(tx, FailureCode.POLICY_DENIED, verdict.reason)
@@ -348,8 +350,10 @@ class Execution:
                                            "decided_by": approval.decided_by}, idx)
             tx.writes.append(lambda: _consume(approval, tx.now))
         tx.event("step.tool_started", {"tool": tool.name, "effect": tool.effect,
-                                       "attempt": attempt, **why}, idx)
-        tx.step_update(step, status=StepStatus.EXECUTING, attempt=attempt)
+                                       "attempt": attempt, "dispatches": tool.dispatches,
+                                       **why}, idx)
+        tx.step_update(step, status=StepStatus.EXECUTING, attempt=attempt,
+                       dispatches=tool.dispatches)
         tx.crash_after(CrashPoint.AFTER_TOOL_STARTED, idx)
         self.commit(tx)
         return step
@@ -432,6 +436,14 @@ class Execution:
         self.release(tx, RunStatus.WAITING)
         tx.crash_after(CrashPoint.AFTER_PAUSE, step.index)
         self.commit(tx)
+
+    def cancel_approval(self, tx: Tx, approval: Approval, reason: str) -> None:
+        """An approved request that will not run after all: the approval is cancelled."""
+        tx.event("approval.cancelled", {"approval_id": approval.pk, "reason": reason},
+                 approval.step.index)
+        tx.writes.append(lambda: Approval.objects.filter(
+            pk=approval.pk, status=ApprovalStatus.APPROVED).update(
+            status=ApprovalStatus.CANCELLED))
 
     def stop_here(self, tx: Tx) -> None:
         """This process is stopping: hand the run back to the queue, nothing in flight."""

@@ -101,6 +101,9 @@ class Step(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     attempt = models.IntegerField(default=0)
+    # Whether the tool that ran the current attempt promised to call ctx.dispatch() (captured at
+    # its start: a later deploy changing the tool must not change what a crash proves).
+    dispatches = models.BooleanField(default=False)
     # The attempt whose outbound call was announced by ctx.dispatch(), if any.
     dispatched_attempt = models.IntegerField(null=True, blank=True)
     started_at = models.DateTimeField()

@@ -97,7 +97,7 @@ def interrupted(ex: Execution, step: Step) -> Step | None:
             ex.commit(tx)
             return None
         return ex.start_tool(tx, step, tool, after="interruption")
-    if tool.dispatches and step.dispatched_attempt != step.attempt:
+    if step.dispatches and tool.dispatches and step.dispatched_attempt != step.attempt:
         tx.event("side_effect.auto_confirmed", {
             "reason": "the tool records ctx.dispatch() before its outbound call and no "
                       f"dispatch was recorded for attempt {step.attempt}: the call never went out",
@@ -113,15 +113,25 @@ def consume(ex: Execution, step: Step, approval: Approval) -> Step | None:
     """An approved request starts once more: same step, same schema check, policy again."""
     tx = ex.tx()
     if approval.digest != request_digest(step.tool, step.arguments, step.effect):
-        tx.event("approval.cancelled", {"approval_id": approval.pk,
-                                        "reason": "stale: the step's request changed"},
-                 step.index)
-        tx.writes.append(lambda: Approval.objects.filter(
-            pk=approval.pk, status=ApprovalStatus.APPROVED).update(
-            status=ApprovalStatus.CANCELLED))
-        ex.pause(tx, step, approval.kind, approval.title, approval.detail, step.status)
+        ex.cancel_approval(tx, approval, "stale: the step's request changed")
+        title, detail = _presentation_for(approval.kind, step)
+        ex.pause(tx, step, approval.kind, title, detail, step.status)
         return None
-    return _with_tool(ex, tx, step, lambda tool: ex.gate_and_start(tx, step, tool, approval))
+    tool, problem = _tool_for(ex, step)
+    if problem:
+        ex.cancel_approval(tx, approval, problem)
+        return _conflict(ex, tx, step, problem)
+    return ex.gate_and_start(tx, step, tool, approval)
+
+
+def _presentation_for(kind: str, step: Step) -> tuple[str, str]:
+    """Text for a fresh approval of ``step``'s request as it stands now."""
+    if kind == ApprovalKind.POLICY:
+        return (f"Approve {step.tool}?",
+                f"The request changed since it was last approved.\n\nArguments: "
+                f"{json.dumps(step.arguments, indent=2, sort_keys=True)}\n"
+                f"Idempotency key: {step.idempotency_key}")
+    return _interrupted_presentation(step)
 
 
 def _with_tool(ex: Execution, tx: Tx, step: Step, then: Any) -> Step | None:
@@ -195,6 +205,11 @@ def _apply_outcome(ex: Execution, tx: Tx, step: Step, outcome: Any) -> Step | No
     tool, problem = _tool_for(ex, step)
     if problem:
         return _conflict(ex, tx, step, problem)
+    if tool.effect == "read_only" and step.attempt >= tool.max_attempts:
+        ex.fail(tx, FailureCode.ERROR, f"read-only tool {tool.name} was interrupted "
+                f"{step.attempt} times (its cap is {tool.max_attempts})")
+        ex.commit(tx)
+        return None
     return ex.start_tool(tx, step, tool, after="interruption", authorized_by="reconcile")
 
 

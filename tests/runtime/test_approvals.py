@@ -383,10 +383,6 @@ def test_stale_approval_is_refused_when_it_would_be_consumed(interrupted, clock)
     assert verify(run.pk).ok
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: runtime/recovery.py consume() re-asks a stale approval with the OLD approval's title "
-    "and detail; the detail text still shows the old arguments ('amount': 5) while the new "
-    "approval is bound to the changed request ('amount': 500)"))
 def test_stale_approval_reasked_shows_the_request_it_now_approves(interrupted, clock):
     _run, _approval, _ledger, fresh = _approved_then_altered(interrupted, clock)
     assert '"amount": 500' in fresh.detail

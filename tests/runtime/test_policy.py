@@ -166,8 +166,10 @@ def test_policy_is_reevaluated_when_the_approval_is_consumed(rdb, tmp_path, cloc
     assert policy.seen[-1] == Request("charge", {"amount": 9}, "side_effect", 2)
     assert ledger.count("charge") == before  # the tool was not called
     assert kinds_after(run, "approval.granted") == [
-        "lease.taken", "run.resumed", "policy.denied", "run.failed", "lease.released"]
+        "lease.taken", "run.resumed", "policy.denied", "approval.cancelled", "run.failed",
+        "lease.released"]
     assert "approval.consumed" not in events_of(run)
     assert Step.objects.get(run_id=run.pk, index=2).status == "failed"
-    assert Approval.objects.get(pk=approval.pk).consumed_at is None
+    unused = Approval.objects.get(pk=approval.pk)
+    assert unused.consumed_at is None and unused.status == "cancelled"  # not left "approved"
     assert verify(run.pk).ok

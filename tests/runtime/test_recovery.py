@@ -528,10 +528,6 @@ def test_undispatched_attempt_after_an_approval_is_rerun_automatically(rdb, tmp_
     assert verify(run.pk).ok
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: runtime/recovery.py interrupted() trusts the tool's CURRENT `dispatches` flag; an "
-    "attempt run by a version of the tool that never called ctx.dispatch() is re-run on its own "
-    "after a deploy adds dispatches=True, though nothing proves that call never went out"))
 def test_dispatch_proof_needs_the_attempt_that_ran_to_have_promised_dispatch(rdb, tmp_path,
                                                                               clock, crash):
     ledger = Ledger(tmp_path / "ledger")
