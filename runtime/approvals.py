@@ -21,7 +21,6 @@ from .models import (
     ApprovalKind,
     ApprovalStatus,
     FailureCode,
-    Run,
     RunStatus,
     Step,
     StepStatus,
@@ -135,6 +134,3 @@ def _already_decided(approval: Approval) -> ApprovalConflict:
         approval.pk, f"already {approval.status} by {who} at {when}", status=approval.status,
         decided_by=approval.decided_by, decided_at=approval.decided_at)
 
-
-def run_for(approval: Approval) -> Run:
-    return Run.objects.get(pk=approval.run_id)
