@@ -133,3 +133,23 @@ class InvalidDecision(AgentRuntimeError):
     def __init__(self, approval_id: int, reason: str) -> None:
         self.approval_id, self.reason = approval_id, reason
         super().__init__(f"approval {approval_id}: {reason}")
+
+
+class InvariantViolation(AssertionError):
+    """The crash test kit found a broken invariant (design §11); the message names the evidence."""
+
+    def __init__(self, violations: list[Any]) -> None:
+        self.violations = list(violations)
+        lines = "\n".join(f"  - {v}" for v in self.violations)
+        super().__init__(f"{len(self.violations)} invariant violation(s):\n{lines}")
+
+
+class CrashNotReached(AssertionError):
+    """A crash the test asked for never happened, so the test did not test what it claims."""
+
+    def __init__(self, point: str, run_id: int | None, step_index: int | None,
+                 detail: str = "") -> None:
+        self.point, self.run_id, self.step_index = point, run_id, step_index
+        where = f" at step {step_index}" if step_index is not None else ""
+        super().__init__(f"crash point {point}{where} of run {run_id} was never reached"
+                         + (f": {detail}" if detail else ""))
