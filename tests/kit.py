@@ -1,38 +1,14 @@
-"""Helpers for tests: an outside-world ledger, a controllable tool, agents built in one line."""
+"""Helpers for tests: a controllable tool, agents built in one line (the outside-world ledger
+is the crash test kit's, ``runtime.testkit.Ledger``)."""
 
 from __future__ import annotations
 
-import json
-import os
 import threading
-from pathlib import Path
 from typing import Any
 
 from runtime import Agent, Budget, FinalAnswer, ScriptedLLM, ToolCall, ToolContext, tool
 from runtime.models import Event, Run
-
-
-class Ledger:
-    """The outside world's own record of calls: one fsynced line per call, in a file the runtime
-    does not own. Side-effect counts in tests come from here, never from the runtime's tables."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.path.touch()
-        self._lock = threading.Lock()
-
-    def record(self, name: str, **data: Any) -> None:
-        with self._lock, open(self.path, "a") as fh:
-            fh.write(json.dumps({"call": name, **data}, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def calls(self, name: str | None = None) -> list[dict[str, Any]]:
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line]
-        return [r for r in rows if name is None or r["call"] == name]
-
-    def count(self, name: str | None = None) -> int:
-        return len(self.calls(name))
+from runtime.testkit.ledger import Ledger
 
 
 class Gate:
@@ -88,7 +64,7 @@ def make_tools(ledger: Ledger, gates: dict[str, Gate] | None = None) -> list:
         """Look something up."""
         if "read" in gates:
             gates["read"].hold()
-        ledger.record("read", key=key, attempt=ctx.attempt, step=ctx.step_index)
+        ledger.record("read", key=key, attempt=ctx.attempt, step=ctx.step_index, run=ctx.run_id)
         return {"value": key.upper()}
 
     @tool(effect="side_effect")
@@ -96,7 +72,7 @@ def make_tools(ledger: Ledger, gates: dict[str, Gate] | None = None) -> list:
         """Charge a card."""
         if "charge" in gates:
             gates["charge"].hold()
-        ledger.record("charge", amount=amount, key=ctx.idempotency_key, attempt=ctx.attempt)
+        ledger.record_call("charge", ctx, amount=amount)
         return {"charged": amount}
 
     @tool(effect="side_effect", dispatches=True)
@@ -105,7 +81,7 @@ def make_tools(ledger: Ledger, gates: dict[str, Gate] | None = None) -> list:
         if "send.before" in gates:
             gates["send.before"].hold()
         ctx.dispatch()
-        ledger.record("send", to=to, key=ctx.idempotency_key, attempt=ctx.attempt)
+        ledger.record_call("send", ctx, to=to)
         if "send" in gates:
             gates["send"].hold()
         return {"sent": to}

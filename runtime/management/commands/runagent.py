@@ -1,4 +1,8 @@
-"""``manage.py runagent AGENT --input JSON``: one run in the foreground, its events printed."""
+"""``manage.py runagent AGENT --input JSON``: one run in the foreground, its events printed.
+
+``runagent --resume RUN_ID`` executes an existing run here instead (claim it, or take it over
+once its lease has expired); a run whose lease is live is refused, exit status 1.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from runtime import crashpoints
 from runtime.api import resume, start
 from runtime.errors import AgentRuntimeError, InvalidPayload, UnknownAgent
 from runtime.models import RunStatus
@@ -25,19 +30,25 @@ class _Printer(logging.Handler):
 
 
 class Command(BaseCommand):
-    help = "Start a run of AGENT with --input and execute it here, printing each event."
+    help = ("Start a run of AGENT with --input (or --resume an existing run) and execute it "
+            "here, printing each event. Exit 0 succeeded, 2 failed, 3 waiting for a person.")
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("agent")
+        parser.add_argument("agent", nargs="?")
+        parser.add_argument("--resume", type=int, metavar="RUN_ID",
+                            help="execute this existing run instead of starting one")
         parser.add_argument("--input", default="null", help="the run's input, as JSON")
         parser.add_argument("--lease-seconds", type=float, default=None)
         parser.add_argument("--name", default="runagent", help="lease owner name")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if (options["agent"] is None) == (options["resume"] is None):
+            raise CommandError("give an AGENT to start, or --resume RUN_ID (not both)")
         try:
             data = json.loads(options["input"])
         except json.JSONDecodeError as exc:
             raise CommandError(f"--input is not valid JSON: {exc}") from None
+        crashpoints.arm_from_env()  # the crash test kit arms this process through its env
         events = logging.getLogger("runtime.events")
         printer = _Printer(self.stdout)
         events.addHandler(printer)
@@ -45,8 +56,10 @@ class Command(BaseCommand):
         events.setLevel(logging.INFO)
         events.propagate = False
         try:
-            run = start(options["agent"], data, created_by="runagent")
-            run = resume(run.pk, name=options["name"], lease_seconds=options["lease_seconds"])
+            run_id = options["resume"]
+            if run_id is None:
+                run_id = start(options["agent"], data, created_by="runagent").pk
+            run = resume(run_id, name=options["name"], lease_seconds=options["lease_seconds"])
         except (UnknownAgent, InvalidPayload) as exc:
             raise CommandError(str(exc)) from None
         except AgentRuntimeError as exc:

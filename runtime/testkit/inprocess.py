@@ -1,0 +1,96 @@
+"""The in-process kit: the same crash points without a subprocess, for fast tests of your own
+agents. An armed point raises ``SimulatedCrash`` (a BaseException your tools cannot swallow);
+the driver's heartbeat stops and its lease is abandoned, never released, as a dead process
+leaves it. Time is a ``ManualClock``, so waiting out a lease costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .. import crashpoints
+from ..api import resume, start
+from ..clock import ManualClock
+from ..errors import CrashNotReached, RunLeased, SimulatedCrash
+from ..lease import make_owner
+from ..models import Approval, ApprovalStatus, Run, RunStatus
+from .invariants import Report, check_invariants
+from .ledger import Ledger
+from .operator import Decision, decide
+from .reached import Crash, Reached
+
+
+class InProcessKit:
+    """Crash, take over and decide in this process. ``ledger`` is your tools' outside record."""
+
+    def __init__(self, ledger: Ledger | Path | str, *, lease_seconds: float = 1.0,
+                 clock: ManualClock | None = None) -> None:
+        self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        self.lease_seconds = lease_seconds
+        self.clock = clock or ManualClock(datetime.now(UTC))
+        self.reached = Reached()
+
+    def start(self, agent: str, input: Any = None, created_by: str = "kit") -> int:
+        return start(agent, input, created_by, clock=self.clock).pk
+
+    def crash(self, run_id: int, *crashes: Crash) -> SimulatedCrash:
+        """Execute the run until one of ``crashes`` fires; the lease is left to expire."""
+        for c in crashes:
+            self.reached.expect(run_id, c)
+        crashpoints.arm([c.arm() for c in crashes])
+        try:
+            self._drive(run_id, make_owner("kit-dead"))
+        except SimulatedCrash as exc:
+            self.reached.hit(exc.run_id, exc.point, exc.step_index)
+            return exc
+        finally:
+            crashpoints.disarm()
+        run = Run.objects.get(pk=run_id)
+        raise CrashNotReached(str(crashes[0].point), run_id, crashes[0].step_index,
+                              f"the run ended {run.status} without reaching it")
+
+    def take_over(self, run_id: int) -> Run:
+        """Prove the dead owner's lease still holds, let it lapse, then resume as a new owner."""
+        run = Run.objects.get(pk=run_id)
+        if run.status == RunStatus.RUNNING:
+            try:
+                self._drive(run_id, make_owner("kit-early"))
+            except RunLeased:
+                pass
+            else:
+                raise AssertionError(f"run {run_id} was taken over before its lease expired")
+            self.clock.advance(self.lease_seconds + 0.001)
+        return self._drive(run_id, make_owner("kit-heir"))
+
+    def drain(self) -> list[Run]:
+        """Take over or claim every run that is not waiting or finished, until none is left."""
+        done = []
+        while True:
+            ids = list(Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+                       .order_by("pk").values_list("pk", flat=True))
+            if not ids:
+                return done
+            for run_id in ids:
+                done.append(self.take_over(run_id))
+
+    def decide(self, approval_id: int, decision: Decision, by: str = "kit-operator") -> Approval:
+        return decide(approval_id, decision, by)
+
+    def operate(self, choose: Callable[[Approval], Decision | None],
+                by: str = "kit-operator") -> list[tuple[Approval, Decision]]:
+        done = []
+        for approval in Approval.objects.filter(status=ApprovalStatus.PENDING).order_by("pk"):
+            decision = choose(approval)
+            if decision is not None:
+                done.append((decide(approval.pk, decision, by), decision))
+        return done
+
+    def check(self, runs: Iterable[int] | None = None) -> Report:
+        return check_invariants(executions=self.ledger.executions(), reached=self.reached,
+                                runs=runs, now=self.clock.now())
+
+    def _drive(self, run_id: int, owner: str) -> Run:
+        return resume(run_id, owner=owner, clock=self.clock, lease_seconds=self.lease_seconds)

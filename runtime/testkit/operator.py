@@ -1,0 +1,42 @@
+"""Playing the operator in tests: approve one re-run, reject, or resolve with a result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import approvals
+from ..models import Approval, ApprovalKind
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a person decides on an approval."""
+
+    action: str  # "approve" | "reject" | "resolve"
+    result: Any = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.action not in ("approve", "reject", "resolve"):
+            raise ValueError(f"unknown decision {self.action!r}")
+
+    def applies_to(self, approval: Approval) -> bool:
+        """Resolve needs an interrupted step; a policy approval is approved or rejected."""
+        return self.action != "resolve" or approval.kind != ApprovalKind.POLICY
+
+
+APPROVE = Decision("approve", note="run it once more")
+REJECT = Decision("reject", note="rejected by the test operator")
+
+
+def resolve_with(result: Any) -> Decision:
+    return Decision("resolve", result=result, note="checked outside: it happened")
+
+
+def decide(approval_id: int, decision: Decision, by: str = "kit-operator") -> Approval:
+    if decision.action == "approve":
+        return approvals.approve(approval_id, by, decision.note)
+    if decision.action == "reject":
+        return approvals.reject(approval_id, by, decision.note or "rejected")
+    return approvals.resolve(approval_id, by, decision.result, decision.note)
