@@ -41,6 +41,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Every page needs a login except those marked @login_not_required (login, healthz).
+    "console.middleware.LoginRequiredMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -56,6 +58,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.context_processors.console",
             ],
         },
     },
@@ -106,6 +109,12 @@ STORAGES = {
 }
 
 LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = os.environ.get("DJANGO_SECURE_COOKIES", "") == "1"
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
 LOGGING = {
     "version": 1,
@@ -122,4 +131,6 @@ RUNTIME = {
     + [p for p in os.environ.get("RUNTIME_AGENTS", "").split(",") if p],
     "LEASE_SECONDS": float(os.environ.get("RUNTIME_LEASE_SECONDS", "30")),
     "MAX_PAYLOAD_BYTES": int(os.environ.get("RUNTIME_MAX_PAYLOAD_BYTES", str(1024 * 1024))),
+    # Four-eyes: whoever started a run may not approve or resolve its side effects.
+    "FOUR_EYES": os.environ.get("RUNTIME_FOUR_EYES", "") == "1",
 }

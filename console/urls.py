@@ -1,11 +1,23 @@
 """URL routes of the console."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-from . import views
+from . import approvals, runs, views, workers
+
+console_patterns = [
+    path("", approvals.queue, name="queue"),
+    path("pending-count/", approvals.pending_count, name="pending-count"),
+    path("approvals/<int:pk>/", approvals.approval_detail, name="approval"),
+    path("runs/", runs.run_list, name="runs"),
+    path("runs/<int:pk>/", runs.run_detail, name="run"),
+    path("workers/", workers.worker_list, name="workers"),
+    path("login/", views.login, name="login"),
+    path("logout/", views.logout, name="logout"),
+]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("", include((console_patterns, "console"))),
 ]

@@ -1,11 +1,16 @@
-"""Console views."""
+"""Console views that belong to no section: health and the login/logout pages."""
 
 from __future__ import annotations
 
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_http_methods
 
 
+@login_not_required
+@require_http_methods(["GET", "HEAD"])
 def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness for load balancers: the database answers, with its durability settings."""
     with connection.cursor() as cur:
@@ -15,3 +20,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
             return JsonResponse({"database": "ok", "journal_mode": mode, "synchronous": sync})
         cur.execute("SELECT 1")
     return JsonResponse({"database": "ok"})
+
+
+login = auth_views.LoginView.as_view(redirect_authenticated_user=True)
+logout = auth_views.LogoutView.as_view()

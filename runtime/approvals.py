@@ -9,17 +9,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 
 from .audit import EventSpec
 from .canonical import check_payload, request_digest
 from .clock import SYSTEM_CLOCK
-from .errors import ApprovalConflict, InvalidDecision, InvalidPayload
+from .errors import ApprovalConflict, FourEyesViolation, InvalidDecision, InvalidPayload
 from .models import (
     Approval,
     ApprovalKind,
     ApprovalStatus,
+    Effect,
     FailureCode,
     RunStatus,
     Step,
@@ -86,6 +88,8 @@ def _decide(
             raise InvalidDecision(approval_id, "resolve applies to interrupted steps only; "
                                   "a policy approval is approved or rejected")
         step, run = approval.step, approval.run
+        if status != ApprovalStatus.REJECTED:
+            _check_four_eyes(approval, by)
         if approval.digest != request_digest(step.tool, step.arguments, step.effect):
             raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
                                    "the request this approval was for", status=approval.status)
@@ -99,6 +103,23 @@ def _decide(
             raise ApprovalConflict(approval_id, "the run changed while deciding; try again")
     approval.refresh_from_db()
     return approval
+
+
+def four_eyes() -> bool:
+    """Whether the person who started a run is barred from letting its side effects through."""
+    return bool(settings.RUNTIME.get("FOUR_EYES", False))
+
+
+def four_eyes_blocks(approval: Approval, by: str) -> bool:
+    """True when four-eyes bars ``by`` from approving or resolving ``approval`` (rejecting
+    stays open to everyone: stopping a run is always safe)."""
+    return (four_eyes() and approval.effect == Effect.SIDE_EFFECT
+            and bool(approval.run.created_by) and approval.run.created_by == by)
+
+
+def _check_four_eyes(approval: Approval, by: str) -> None:
+    if four_eyes_blocks(approval, by):
+        raise FourEyesViolation(approval.pk, approval.run_id, by)
 
 
 def _effects(

@@ -153,3 +153,28 @@ class CrashNotReached(AssertionError):
         where = f" at step {step_index}" if step_index is not None else ""
         super().__init__(f"crash point {point}{where} of run {run_id} was never reached"
                          + (f": {detail}" if detail else ""))
+
+
+class FourEyesViolation(AgentRuntimeError):
+    """Four-eyes is on: the person who started a run may not approve or resolve its side effect."""
+
+    def __init__(self, approval_id: int, run_id: int, user: str) -> None:
+        self.approval_id, self.run_id, self.user = approval_id, run_id, user
+        super().__init__(f"approval {approval_id}: {user} started run {run_id}, so someone else "
+                         "must approve or resolve its side effect (four-eyes)")
+
+
+class LLMError(AgentRuntimeError):
+    """An LLM request failed; ``retryable`` says whether asking again may succeed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
+        self.message, self.retryable = message, retryable
+        self.retry_after, self.status = retry_after, status
+        super().__init__(message)

@@ -1,0 +1,67 @@
+"""Operators' decision forms. Everything is validated here, before the runtime is called, so a
+bad form changes nothing; the runtime validates again (it trusts no caller)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+NOTE_MAX = 2000
+
+
+class DecisionForm(forms.Form):
+    """Base of the three decisions: a note and an explicit confirmation."""
+
+    decision = ""
+    confirm_label = ""
+    note = forms.CharField(required=False, max_length=NOTE_MAX,
+                           widget=forms.Textarea(attrs={"rows": 2}))
+    confirm = forms.BooleanField(required=True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prefix", self.decision)
+        super().__init__(*args, **kwargs)
+        self.fields["confirm"].label = self.confirm_label
+        self.fields["confirm"].error_messages["required"] = "Tick the box to confirm."
+
+
+class ApproveForm(DecisionForm):
+    decision = "approve"
+    confirm_label = "Yes: run this exact request once more."
+
+
+class ResolveForm(DecisionForm):
+    decision = "resolve"
+    confirm_label = "Yes: it happened; record this result and continue."
+    result = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}),
+        help_text='The result you found, as JSON (e.g. {"charged": 500} or "done").')
+    field_order = ["result", "note", "confirm"]
+
+    def clean_result(self) -> Any:
+        text = self.cleaned_data["result"]
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
+
+
+class RejectForm(DecisionForm):
+    decision = "reject"
+    confirm_label = "Yes: end the run; do not call the tool again."
+    note = forms.CharField(required=True, max_length=NOTE_MAX,
+                           widget=forms.Textarea(attrs={"rows": 2}),
+                           help_text="Required: why the run must stop.")
+
+
+DECISION_FORMS: dict[str, type[DecisionForm]] = {
+    f.decision: f for f in (ApproveForm, ResolveForm, RejectForm)}
+
+
+class CancelRunForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=NOTE_MAX)
+    confirm = forms.BooleanField(required=True, label="Yes: cancel this run.",
+                                 error_messages={"required": "Tick the box to confirm."})
