@@ -14,6 +14,7 @@ from .errors import (
     InvalidDecision,
     InvalidPayload,
     LeaseLost,
+    LLMError,
     PolicyDenied,
     ReconcileConflict,
     RunLeased,
@@ -23,6 +24,7 @@ from .errors import (
     UnknownAgent,
 )
 from .llm import LLM, FinalAnswer, LLMResponse, ScriptedLLM, ToolCall, Transcript, Usage
+from .openai import OpenAIChat
 from .policy import Allow, Deny, Request, RequireApproval
 from .reconcile import Complete, Conflict, Continue, ReconcileView, Wait
 from .tools import ToolContext, tool
@@ -30,8 +32,8 @@ from .tools import ToolContext, tool
 __all__ = [
     "LLM", "Agent", "Allow", "ApprovalConflict", "Budget", "BudgetExceeded", "Complete",
     "Conflict", "Continue", "Deny", "FinalAnswer", "InvalidArguments", "InvalidDecision",
-    "InvalidPayload", "LLMResponse", "LeaseLost", "PolicyDenied", "ReconcileConflict",
-    "ReconcileView", "Request", "RequireApproval", "RunLeased", "RunNotFound",
+    "InvalidPayload", "LLMError", "LLMResponse", "LeaseLost", "OpenAIChat", "PolicyDenied",
+    "ReconcileConflict", "ReconcileView", "Request", "RequireApproval", "RunLeased", "RunNotFound",
     "RunNotResumable", "ScriptedLLM", "ToolCall", "ToolContext", "ToolNotRegistered",
     "Transcript", "UnknownAgent", "Usage", "Wait", "cancel", "resume", "start", "tool",
 ]

@@ -8,7 +8,9 @@ Whatever must be durable before an outside call is committed before it, never fo
 
 from __future__ import annotations
 
+import random
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,7 +26,14 @@ from .audit import EventSpec
 from .canonical import check_payload, dumps, request_digest
 from .clock import SYSTEM_CLOCK, Clock
 from .crashpoints import CrashPoint
-from .errors import InvalidArguments, InvalidPayload, LeaseLost, ToolNotRegistered, UnknownAgent
+from .errors import (
+    InvalidArguments,
+    InvalidPayload,
+    LeaseLost,
+    LLMError,
+    ToolNotRegistered,
+    UnknownAgent,
+)
 from .lease import LeaseKeeper, make_owner
 from .llm import Decision, FinalAnswer, LLMResponse, ToolCall, Transcript, TranscriptEntry
 from .models import (
@@ -44,6 +53,9 @@ from .tools import Tool, ToolContext
 # Events that start something outside (an LLM request, a tool call, a dispatch) need the lease
 # unexpired by the wall clock, not only held.
 _GATED = frozenset({"llm.requested", "step.tool_started", "step.tool_dispatched"})
+
+# The longest a wait before an LLM retry goes without checking the lease and should_stop.
+_WAIT_SLICE = 0.2
 
 
 @dataclass
@@ -87,12 +99,15 @@ class Driver:
         clock: Clock | None = None,
         keeper: LeaseKeeper | None = None,
         owner_is_dead: Any = None,
+        sleep: Callable[[float], Any] | None = None,
     ) -> None:
         self.owner = owner or make_owner(name)
         self.lease_seconds = float(lease_seconds or settings.RUNTIME.get("LEASE_SECONDS", 30))
         self.clock = clock or SYSTEM_CLOCK
         self.keeper = keeper
         self.owner_is_dead = owner_is_dead
+        # How a wait before an LLM retry passes time, in short slices (tests pass a fast one).
+        self.sleep = sleep or time.sleep
 
     def drive(self, run_id: int) -> Run:
         """Take the run's lease (claim, or take over an expired one) and execute it.
@@ -226,26 +241,26 @@ class Execution:
             decision = _decision_from_json(self.planned.pop(0))
             tx.run_fields["planned"] = list(self.planned)
             return self.apply_decision(tx, step, decision)
-        if self.lease.lost:
-            raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
-        if self.should_stop():  # the step stays deciding; whoever claims it next decides it
-            self.stop_here(tx)
-            return None
-        crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=self.run.pk,
-                            step_index=step.index)
-        try:
-            response = self.agent.llm.complete(self.transcript, self.agent.tool_specs)
-            decisions = _checked_decisions(response)
-        except LeaseLost:
-            raise
-        except Exception as exc:
+        attempt = 1
+        while True:
+            if self.lease.lost:
+                raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
+            if self.should_stop():  # the step stays deciding; whoever claims it next decides it
+                self.stop_here(tx)
+                return None
+            crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=self.run.pk,
+                                step_index=step.index)
+            try:
+                response = self.agent.llm.complete(self.transcript, self.agent.tool_specs)
+                decisions = _checked_decisions(response)
+                break
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                if not self.llm_failed(step, exc, attempt):
+                    return None
+            attempt += 1
             tx = self.tx()
-            message = f"{type(exc).__name__}: {exc}"
-            tx.event("llm.failed", {"error": message}, step.index)
-            tx.step_update(step, status=StepStatus.FAILED, error=message, finished_at=tx.now)
-            self.fail(tx, FailureCode.ERROR, f"LLM request failed: {message}")
-            self.commit(tx)
-            return None
         tx = self.tx()
         usage = response.usage
         tx.event("llm.responded", {"tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out,
@@ -265,6 +280,57 @@ class Execution:
             self.commit(tx)
             return None
         return self.apply_decision(tx, step, decisions[0])
+
+    def llm_failed(self, step: Step, exc: Exception, attempt: int) -> bool:
+        """Record a failed LLM request; True once the same request may be sent again.
+
+        A retryable ``LLMError`` gets up to ``llm.max_retries`` (else ``RUNTIME["LLM_RETRIES"]``,
+        default 3) more attempts, each after its ``llm.failed`` is committed and a backoff has
+        passed. A retry is the same request, not a new one: it is no new step, charges no
+        usage and does not count toward ``Budget.max_llm_requests`` (the retry limit bounds
+        it); its ``llm.requested`` carries the same request number and the attempt. Anything
+        else, or the last allowed attempt failing, fails the step and the run (``error``).
+        """
+        retryable = isinstance(exc, LLMError) and exc.retryable
+        message = str(exc) if isinstance(exc, LLMError) else f"{type(exc).__name__}: {exc}"
+        payload: dict[str, Any] = {"error": message, "attempt": attempt, "retryable": retryable}
+        if isinstance(exc, LLMError) and exc.status is not None:
+            payload["status"] = exc.status
+        tx = self.tx()
+        if not retryable or attempt > _llm_retries(self.agent.llm):
+            tx.event("llm.failed", payload, step.index)
+            tx.step_update(step, status=StepStatus.FAILED, error=message, finished_at=tx.now)
+            self.fail(tx, FailureCode.ERROR, f"LLM request failed: {message}")
+            self.commit(tx)
+            return False
+        delay = _retry_delay(attempt, exc.retry_after)
+        tx.event("llm.failed", {**payload, "retry_in": delay}, step.index)
+        self.commit(tx)
+        if not self.wait_before_retry(delay):
+            self.stop_here(self.tx())
+            return False
+        tx = self.tx()
+        tx.event("llm.requested", {"request": self.llm_requests, "attempt": attempt + 1},
+                 step.index)
+        self.commit(tx)  # gated: the retry goes out only under a live, unexpired lease
+        return True
+
+    def wait_before_retry(self, seconds: float) -> bool:
+        """Let ``seconds`` pass in short slices; False as soon as this process must stop.
+
+        Raises ``LeaseLost`` when the heartbeat finds the lease gone, so nothing is sent.
+        """
+        remaining = seconds
+        while True:
+            if self.lease.lost:
+                raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
+            if self.should_stop():
+                return False
+            if remaining <= 0:
+                return True
+            chunk = min(remaining, _WAIT_SLICE)
+            self.driver.sleep(chunk)
+            remaining -= chunk
 
     def over_budget(self) -> str:
         budget = self.agent.budget
@@ -464,6 +530,23 @@ class Execution:
         tx.event("run.failed", {"code": str(code), "message": message})
         tx.run_fields.update(failure_code=code, failure_message=message, planned=[])
         self.release(tx, RunStatus.FAILED)
+
+
+def _llm_retries(llm: Any) -> int:
+    limit = getattr(llm, "max_retries", None)
+    return int(settings.RUNTIME.get("LLM_RETRIES", 3) if limit is None else limit)
+
+
+def _retry_delay(attempt: int, retry_after: float | None) -> float:
+    """Seconds before retry ``attempt + 1``: the server's ``Retry-After`` if it gave one, else
+    exponential backoff with jitter; never more than ``RUNTIME["LLM_RETRY_MAX_SECONDS"]``."""
+    cap = float(settings.RUNTIME.get("LLM_RETRY_MAX_SECONDS", 30))
+    if retry_after is None:
+        base = float(settings.RUNTIME.get("LLM_RETRY_BASE_SECONDS", 1))
+        delay = base * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
+    else:
+        delay = retry_after
+    return round(min(max(delay, 0.0), cap), 3)
 
 
 def _consume(approval: Approval, now: datetime) -> None:

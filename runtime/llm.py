@@ -107,3 +107,12 @@ def _as_list(item: Any) -> list[Decision]:
     if isinstance(item, ToolCall | FinalAnswer):
         return [item]
     return list(item)
+
+
+def __getattr__(name: str) -> Any:
+    """``OpenAIChat`` lives in ``runtime.openai``; loaded on first use (it brings httpx)."""
+    if name == "OpenAIChat":
+        from .openai import OpenAIChat
+
+        return OpenAIChat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
