@@ -33,11 +33,12 @@ class InProcessKit:
         self.clock = clock or ManualClock(datetime.now(UTC))
         self.reached = Reached()
 
-    def start(self, agent: str, input: Any = None, created_by: str = "kit") -> int:
+    def start(self, agent: str, input: Any = {}, created_by: str = "kit") -> int:  # noqa: B006
         return start(agent, input, created_by, clock=self.clock).pk
 
     def crash(self, run_id: int, *crashes: Crash) -> SimulatedCrash:
-        """Execute the run until one of ``crashes`` fires; the lease is left to expire."""
+        """Execute the run until one of ``crashes`` fires; the lease is left to expire. A run
+        still held by a crashed owner needs ``expire()`` first, as a new process would."""
         for c in crashes:
             self.reached.expect(run_id, c)
         crashpoints.arm([c.arm() for c in crashes])
@@ -52,17 +53,22 @@ class InProcessKit:
         raise CrashNotReached(str(crashes[0].point), run_id, crashes[0].step_index,
                               f"the run ended {run.status} without reaching it")
 
+    def expire(self) -> None:
+        """Move the clock past every lease this kit's drivers took."""
+        self.clock.advance(self.lease_seconds + 0.001)
+
     def take_over(self, run_id: int) -> Run:
-        """Prove the dead owner's lease still holds, let it lapse, then resume as a new owner."""
+        """Prove a dead owner's live lease still holds, let it lapse, then resume as a new
+        owner (a queued run is simply claimed)."""
         run = Run.objects.get(pk=run_id)
-        if run.status == RunStatus.RUNNING:
+        if run.status == RunStatus.RUNNING and run.lease_expires_at > self.clock.now():
             try:
                 self._drive(run_id, make_owner("kit-early"))
             except RunLeased:
                 pass
             else:
                 raise AssertionError(f"run {run_id} was taken over before its lease expired")
-            self.clock.advance(self.lease_seconds + 0.001)
+            self.expire()
         return self._drive(run_id, make_owner("kit-heir"))
 
     def drain(self) -> list[Run]:
