@@ -4,10 +4,12 @@ real approvals (made by crashing a run in-process and taking it over, as a worke
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import Client
 
 from runtime import Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, crashpoints, resume
@@ -129,3 +131,18 @@ def policy_paused(rdb, tmp_path, clock) -> Iterator[Callable[[], Waiting]]:
 
     with registry.override(agent):
         yield make
+
+
+@contextmanager
+def sql_log() -> Iterator[list[str]]:
+    """Every SQL statement run on this thread's connection inside the block. (Django's
+    CaptureQueriesContext loses a test-client request's queries: request_started resets the
+    log.)"""
+    statements: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield statements

@@ -1,0 +1,64 @@
+"""Logging in and out, pages behind the login, health (console/views.py, middleware.py)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.console.conftest import PASSWORD
+
+PAGES = ["/", "/pending-count/", "/approvals/1/", "/runs/", "/runs/1/", "/workers/"]
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_every_page_needs_a_login(rdb, url):
+    response = Client().get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=")
+
+
+def test_an_htmx_poll_after_logout_redirects_the_whole_page(rdb):
+    response = Client().get("/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and response["HX-Redirect"] == "/login/"
+
+
+def test_healthz_and_login_page_are_public(rdb):
+    assert Client().get("/healthz").json()["database"] == "ok"
+    page = Client().get("/login/")
+    assert page.status_code == 200 and 'name="password"' in page.content.decode()
+
+
+def test_log_in_then_out(make_user):
+    make_user("lena", password=PASSWORD)
+    client = Client()
+    bad = client.post("/login/", {"username": "lena", "password": "wrong"})
+    assert bad.status_code == 200 and "Please enter a correct username" in bad.content.decode()
+    response = client.post("/login/?next=/runs/", {"username": "lena", "password": PASSWORD,
+                                                   "next": "/runs/"})
+    assert response.status_code == 302 and response["Location"] == "/runs/"
+    assert client.get("/").status_code == 200
+    assert client.get("/logout/").status_code == 405  # logging out is a POST
+    response = client.post("/logout/")
+    assert response.status_code == 302 and response["Location"] == "/login/"
+    assert client.get("/").status_code == 302
+
+
+def test_nav_on_every_page_shows_the_pending_count_and_the_user(interrupted, operator):
+    w = interrupted()
+    for url in ("/", f"/approvals/{w.approval.pk}/", "/runs/", f"/runs/{w.run.pk}/",
+                "/workers/"):
+        html = operator.get(url).content.decode()
+        assert 'data-testid="pending-count">1<' in html, url
+        assert "olga" in html and 'action="/logout/"' in html
+        assert 'hx-headers=\'{"X-CSRFToken": "' in html
+        assert "/static/django_htmx/htmx-2.min.js" in html
+
+
+def test_console_js_and_css_are_served(operator):
+    from pathlib import Path
+
+    from django.contrib.staticfiles import finders
+
+    js = finders.find("console/console.js")
+    assert js and "openDecision" in Path(js).read_text()
+    assert finders.find("console/console.css")
