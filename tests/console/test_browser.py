@@ -1,0 +1,324 @@
+"""The console in a real browser (Playwright driving Debian's chromium) against the real app
+served by gunicorn on loopback, with real worker processes: the interrupted side effect comes
+from a worker that SIGKILLs itself right after recording the tool's start, and a fresh worker
+takes the run over. Side-effect counts come from the tool's own ledger, never from the
+runtime's tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from django.test import Client
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+
+from runtime.agents import registry
+from runtime.api import start
+from runtime.models import Approval, Run, Step
+from tests.console.agents import AGENTS, RECIPIENT
+from tests.console.conftest import PASSWORD
+from tests.kit import Ledger
+from tests.procs import ROOT, WorkerProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
+SCREENSHOTS = ROOT / "test-output" / "screenshots"
+AGENTS_ENV = {"RUNTIME_AGENTS": "tests.console.agents.AGENTS"}
+CRASH_AFTER_TOOL_STARTED = json.dumps([{"point": "after_tool_started"}])
+DECIDE = "runtime.decide_approval"
+
+
+@pytest.fixture(scope="module")
+def static_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``collectstatic`` once, as a deployment does: gunicorn serves the manifest files."""
+    var = tmp_path_factory.mktemp("var")
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+                   cwd=ROOT, env={**os.environ, "RUNTIME_VAR_DIR": str(var)}, check=True,
+                   timeout=120)
+    return var
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), "chromium is missing: apt-get install -y chromium"
+    # Playwright's sync API runs an event loop on this thread; the test's own ORM reads are
+    # plain synchronous calls between browser actions, so Django's guard is lifted here.
+    with pytest.MonkeyPatch.context() as mp, sync_playwright() as playwright:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """gunicorn serving console.wsgi on loopback against the test's database file."""
+
+    def __init__(self, db: Path, test_dir: Path, static_var: Path) -> None:
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+        env.update(DATABASE_URL=f"sqlite:///{db}", RUNTIME_VAR_DIR=str(static_var),
+                   RUNTIME_TEST_DIR=str(test_dir), PYTHONUNBUFFERED="1", **AGENTS_ENV)
+        self.log_path = test_dir / "gunicorn.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "console.wsgi", "-b", self.url[7:],
+             "--workers", "2", "--threads", "4", "--graceful-timeout", "2"],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        self._ready = False
+
+    def ready(self) -> str:
+        if not self._ready:
+            wait_until(self._healthy, timeout=30, what="gunicorn to answer /healthz")
+            self._ready = True
+        return self.url
+
+    def _healthy(self) -> bool:
+        assert self.proc.poll() is None, self.log_path.read_text()
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        """End gunicorn's process group (master and its workers), by the master's pid."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def server(rdb: Path, tmp_path: Path, static_root: Path) -> Iterator[Server]:
+    """Started at once, waited for on first use, so it boots while the workers crash."""
+    srv = Server(rdb, tmp_path, static_root)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def people(make_user) -> Callable[..., str]:
+    def make(username: str, *perms: str) -> str:
+        make_user(username, *perms, password=PASSWORD)
+        return username
+
+    return make
+
+
+@pytest.fixture
+def log_in(browser: Browser, server: Server) -> Iterator[Callable[[str], Page]]:
+    """A fresh browser context per person, logged in through the login form."""
+    contexts: list[BrowserContext] = []
+
+    def open_as(username: str) -> Page:
+        context = browser.new_context(base_url=server.ready(), viewport={"width": 1280,
+                                                                          "height": 900})
+        context.set_default_timeout(15_000)
+        contexts.append(context)
+        page = context.new_page()
+        page.goto("/")
+        expect(page).to_have_url(f"{server.url}/login/?next=/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        expect(page.locator("header .who")).to_contain_text(username)
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
+@dataclass
+class Interrupted:
+    run_id: int
+    approval_id: int
+    heir: WorkerProcess
+    ledger: Ledger  # what the workers' `pay` tool wrote: the outside world's record
+
+
+@pytest.fixture
+def crashed(rdb: Path, tmp_path: Path, spawn) -> Iterator[Callable[[], Interrupted]]:
+    """A `payout` run whose worker was SIGKILLed right after recording the start of `pay`; a
+    fresh worker (still running, so it executes whatever is decided) took it over and paused
+    it on an ``interrupted_side_effect`` approval."""
+
+    def make() -> Interrupted:
+        run = start("payout", {"order": "A-1"})
+        crasher = spawn("--lease-seconds", "2", "--poll-interval", "0.05", tag="crasher",
+                        env={**AGENTS_ENV, "RUNTIME_CRASH_POINTS": CRASH_AFTER_TOOL_STARTED})
+        assert crasher.wait(60) == -signal.SIGKILL, crasher.output()
+        heir = spawn("--lease-seconds", "5", "--poll-interval", "0.1", tag="heir", env=AGENTS_ENV)
+        approval = wait_until(
+            lambda: Approval.objects.filter(run_id=run.pk, status="pending").first(),
+            timeout=60, what="the takeover to ask for an approval")
+        assert approval.kind == "interrupted_side_effect"
+        ledger = Ledger(tmp_path / "ledger.jsonl")  # the workers' RUNTIME_TEST_DIR
+        assert ledger.count("pay") == 0  # killed after the start's commit, before the call
+        return Interrupted(run.pk, approval.pk, heir, ledger)
+
+    with registry.override(*AGENTS):
+        yield make
+
+
+def wait_for_run(run_id: int, status: str) -> Run:
+    return wait_until(lambda: Run.objects.filter(pk=run_id, status=status).first(),
+                      timeout=30, what=f"run {run_id} to be {status}")
+
+
+def shot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+
+
+# -- scenarios -----------------------------------------------------------------------------------
+
+
+def test_approve_from_the_keyboard_runs_the_tool_exactly_once_more(crashed, people, log_in):
+    it = crashed()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    row = page.locator(f'tr[data-id="{it.approval_id}"]')
+    expect(row).to_contain_text("payout")
+    expect(row).to_contain_text("interrupted_side_effect")
+    expect(page.get_by_test_id("pending-count")).to_have_text("1")
+    shot(page, "queue.png")
+
+    page.keyboard.press("j")
+    expect(row).to_have_class("selected")
+    page.keyboard.press("o")
+    expect(page).to_have_url(re.compile(rf"/approvals/{it.approval_id}/$"))
+    expect(page.locator(".callout.warning")).to_contain_text(
+        "stopped before its outcome was recorded, so whether it took effect is unknown")
+    expect(page.get_by_test_id("arguments")).to_contain_text(RECIPIENT)  # shown as text...
+    assert page.title() != "pwned"  # ...and never run
+    shot(page, "approval.png")
+
+    page.keyboard.press("a")  # opens the form; deciding still needs the box and the button
+    expect(page.locator("#decide-approve")).to_have_attribute("open", "")
+    page.keyboard.press("Enter")
+    assert Approval.objects.get(pk=it.approval_id).status == "pending"
+    page.check("#id_approve-confirm")
+    page.locator("#decide-approve button[type=submit]").click()
+    expect(page.get_by_test_id("outcome")).to_contain_text("by olga")
+    expect(page.get_by_test_id("outcome")).to_contain_text("What happens next")
+
+    run = wait_for_run(it.run_id, "succeeded")
+    assert run.output == "paid"
+    calls = it.ledger.calls("pay")
+    assert len(calls) == 1 and calls[0]["to"] == RECIPIENT  # exactly once more, same request
+    page.goto("/")
+    expect(page.locator("#queue-list")).to_contain_text("Nothing waits for a decision")
+
+
+def test_reject_fails_the_run_and_never_calls_the_tool(crashed, people, log_in):
+    it = crashed()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    page.goto(f"/approvals/{it.approval_id}/")
+    page.keyboard.press("r")
+    page.fill("#id_reject-note", "the payee says it arrived twice before")
+    page.check("#id_reject-confirm")
+    page.locator("#decide-reject button[type=submit]").click()
+    expect(page.get_by_test_id("outcome")).to_contain_text("will not be called again")
+    run = wait_for_run(it.run_id, "failed")
+    assert run.failure_code == "rejected"
+    page.goto(f"/runs/{it.run_id}/")
+    expect(page.get_by_test_id("failure-code")).to_have_text("rejected")
+    assert it.ledger.count("pay") == 0
+
+
+def test_resolve_validates_the_json_then_records_it_and_continues(crashed, people, log_in):
+    it = crashed()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    page.goto(f"/approvals/{it.approval_id}/")
+    page.keyboard.press("s")
+    page.fill("#id_resolve-result", "{paid: 500")
+    page.check("#id_resolve-confirm")
+    page.locator("#decide-resolve button[type=submit]").click()
+    expect(page.locator("#decide-resolve")).to_contain_text("Not valid JSON")
+    assert Approval.objects.get(pk=it.approval_id).status == "pending"
+
+    page.fill("#id_resolve-result", '{"paid": 500, "found": "bank statement"}')
+    page.check("#id_resolve-confirm")
+    page.locator("#decide-resolve button[type=submit]").click()
+    expect(page.get_by_test_id("outcome")).to_contain_text("Resolved")
+    wait_for_run(it.run_id, "succeeded")
+    step = Step.objects.get(run_id=it.run_id, index=1)
+    assert step.result == {"paid": 500, "found": "bank statement"}
+    assert Step.objects.get(run_id=it.run_id, index=2).tool == "check"  # it went on
+    assert it.ledger.count("pay") == 0
+
+
+def test_two_operators_race_one_wins_the_other_gets_409(crashed, people, log_in):
+    it = crashed()
+    people("olga", DECIDE)
+    people("pat", DECIDE)
+    olga, pat = log_in("olga"), log_in("pat")
+    for page in (olga, pat):
+        page.goto(f"/approvals/{it.approval_id}/")
+    olga.keyboard.press("a")
+    olga.check("#id_approve-confirm")
+    pat.keyboard.press("r")
+    pat.fill("#id_reject-note", "stop")
+    pat.check("#id_reject-confirm")
+
+    def is_post(response) -> bool:
+        return response.request.method == "POST"
+
+    with olga.expect_response(is_post) as first, pat.expect_response(is_post) as second:
+        olga.locator("#decide-approve button[type=submit]").click(no_wait_after=True)
+        pat.locator("#decide-reject button[type=submit]").click(no_wait_after=True)
+    assert sorted([first.value.status, second.value.status]) == [200, 409]
+
+    approval = Approval.objects.get(pk=it.approval_id)
+    winner, loser = (olga, pat) if approval.decided_by == "olga" else (pat, olga)
+    expect(winner.get_by_test_id("outcome")).to_contain_text(f"by {approval.decided_by}")
+    expect(loser.get_by_test_id("conflict")).to_contain_text(
+        f"already decided by {approval.decided_by} at")
+    expect(loser.get_by_test_id("conflict")).to_contain_text("Nothing was changed")
+
+
+def test_viewer_without_permission_sees_no_decision_controls(interrupted, people, log_in,
+                                                             make_user):
+    waiting = interrupted()  # an in-process crash and takeover; no worker needed to look
+    people("victor")
+    page = log_in("victor")
+    page.goto(f"/approvals/{waiting.approval.pk}/")
+    expect(page.get_by_test_id("no-permission")).to_be_visible()
+    expect(page.locator("#decision-panel form")).to_have_count(0)
+    expect(page.locator("#decision-panel button")).to_have_count(0)
+    page.keyboard.press("a")
+    expect(page.locator("details.decision")).to_have_count(0)
+
+    forged = Client()
+    forged.force_login(make_user("mallory"))
+    response = forged.post(f"/approvals/{waiting.approval.pk}/",
+                           {"decision": "approve", "approve-confirm": "on"})
+    assert response.status_code == 403
+    assert Approval.objects.get(pk=waiting.approval.pk).status == "pending"
