@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "template_partials",
     "runtime",
     "console",
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -127,7 +128,7 @@ LOGGING = {
 # The runtime app's own settings. AGENTS lists dotted paths to Agent objects;
 # RUNTIME_AGENTS (comma-separated) adds more without editing this file.
 RUNTIME = {
-    "AGENTS": ["console.agents.hello"]
+    "AGENTS": ["console.agents.hello", "demo.agents.AGENTS"]
     + [p for p in os.environ.get("RUNTIME_AGENTS", "").split(",") if p],
     "LEASE_SECONDS": float(os.environ.get("RUNTIME_LEASE_SECONDS", "30")),
     "MAX_PAYLOAD_BYTES": int(os.environ.get("RUNTIME_MAX_PAYLOAD_BYTES", str(1024 * 1024))),

@@ -210,6 +210,10 @@ def test_approve_from_the_keyboard_runs_the_tool_exactly_once_more(crashed, peop
 
     page.keyboard.press("j")
     expect(row).to_have_class("selected")
+    with page.expect_response(lambda r: r.request.headers.get("hx-request") == "true"
+                              and r.url.endswith("/")):
+        pass  # the list's own 3-second poll replaces it...
+    expect(page.locator(f'tr[data-id="{it.approval_id}"]')).to_have_class("selected")  # ...kept
     page.keyboard.press("o")
     expect(page).to_have_url(re.compile(rf"/approvals/{it.approval_id}/$"))
     expect(page.locator(".callout.warning")).to_contain_text(

@@ -112,7 +112,9 @@ def test_cancel_needs_the_permission_and_confirmation(interrupted, operator, vie
     assert viewer.post(f"/runs/{w.run.pk}/", {"confirm": "on"}).status_code == 403
     assert operator.post(f"/runs/{w.run.pk}/", {"reason": "x"}).status_code == 422
     assert Run.objects.get(pk=w.run.pk).status == "waiting"
-    assert "Cancel this run" in operator.get(f"/runs/{w.run.pk}/").content.decode()
+    assert 'id="cancel-run"' in operator.get(f"/runs/{w.run.pk}/").content.decode()
+    # the poll replaces only the live part: an open cancel form is never closed by it
+    assert "cancel-run" not in operator.get(f"/runs/{w.run.pk}/", **HTMX).content.decode()
     response = operator.post(f"/runs/{w.run.pk}/", {"reason": "duplicate", "confirm": "on"})
     assert response.status_code == 302
     run = Run.objects.get(pk=w.run.pk)
