@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _manage(db: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}"}
+def _manage(db: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", **env_vars}
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
@@ -43,3 +43,37 @@ def test_runagent_refuses_bad_json_and_unknown_agents_writing_nothing(rdb):
     assert unknown.returncode != 0
     assert "unknown agent 'nobody'" in unknown.stderr
     assert _count(rdb, "runtime_run") == 0 and _count(rdb, "runtime_event") == 0
+
+
+def test_startrun_queues_a_run_and_waits_for_a_worker(rdb, spawn):
+    queued = _manage(rdb, "startrun", "hello", "--input", '{"name": "Grace"}')
+    assert queued.returncode == 0, queued.stderr
+    assert queued.stdout.strip() == "run 1 queued (hello)"
+    assert _count(rdb, "runtime_run") == 1
+    spawn("--poll-interval", "0.05")
+    waited = _manage(rdb, "startrun", "hello", "--input", '{"name": "Ada"}', "--wait",
+                     "--timeout", "50")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert waited.stdout.splitlines()[-1].startswith("run 2: succeeded")
+    assert "Hello, Ada!" in waited.stdout
+
+
+def test_startrun_refuses_bad_json_unknown_agents_and_bad_input_writing_nothing(rdb):
+    for args, message in [(("hello", "--input", "[1,"), "--input is not valid JSON"),
+                          (("nobody",), "unknown agent 'nobody'"),
+                          (("hello", "--input", '"' + "y" * 200 + '"'), "larger than")]:
+        done = _manage(rdb, "startrun", *args, RUNTIME_MAX_PAYLOAD_BYTES="100")
+        assert done.returncode == 1 and message in done.stderr, (args[:1], done.stderr[-300:])
+    assert _count(rdb, "runtime_run") == 0 and _count(rdb, "runtime_event") == 0
+
+
+def test_runagent_resume_is_refused_while_the_lease_is_live(rdb):
+    queued = _manage(rdb, "startrun", "hello", "--input", '{"name": "Ada"}')
+    assert queued.returncode == 0
+    with sqlite3.connect(rdb) as conn:  # as a live worker elsewhere would leave it
+        conn.execute("UPDATE runtime_run SET status='running', lease_owner='w@elsewhere:1:x', "
+                     "lease_epoch=1, lease_expires_at=datetime('now', '+1 hour')")
+    refused = _manage(rdb, "runagent", "--resume", "1")
+    assert refused.returncode == 1 and "is leased by w@elsewhere:1:x" in refused.stderr
+    both = _manage(rdb, "runagent", "hello", "--resume", "1")
+    assert both.returncode == 1 and "not both" in both.stderr

@@ -1,0 +1,58 @@
+"""``manage.py startrun AGENT --input JSON [--wait]``: queue a run for the workers."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runtime.api import start
+from runtime.errors import InvalidPayload, UnknownAgent
+from runtime.models import TERMINAL_RUN_STATUSES, RunStatus
+
+
+class Command(BaseCommand):
+    help = ("Queue a run of AGENT with --input (JSON) for the workers and print its id. With "
+            "--wait, wait until it ends or waits for a person: exit 0 succeeded, 2 failed or "
+            "cancelled, 3 waiting for a person, 4 still going after --timeout.")
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("agent")
+        parser.add_argument("--input", default="{}", help="the run's input, as JSON")
+        parser.add_argument("--by", default="startrun", help="who started it (audit log)")
+        parser.add_argument("--wait", action="store_true")
+        parser.add_argument("--timeout", type=float, default=600.0, help="seconds, with --wait")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            data = json.loads(opts["input"])
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--input is not valid JSON: {exc}") from None
+        try:
+            run = start(opts["agent"], data, created_by=opts["by"])
+        except (UnknownAgent, InvalidPayload) as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"run {run.pk} queued ({run.agent})")
+        if not opts["wait"]:
+            return
+        deadline = time.monotonic() + opts["timeout"]
+        while True:
+            run.refresh_from_db()
+            if run.status in TERMINAL_RUN_STATUSES or run.status == RunStatus.WAITING:
+                break
+            if time.monotonic() > deadline:
+                self.stdout.write(f"run {run.pk}: still {run.status} after {opts['timeout']}s")
+                sys.exit(4)
+            time.sleep(0.1)  # polling the database for the run's state, bounded
+        if run.status == RunStatus.SUCCEEDED:
+            self.stdout.write(f"run {run.pk}: succeeded output={json.dumps(run.output)}")
+            return
+        if run.status == RunStatus.WAITING:
+            self.stdout.write(f"run {run.pk}: waiting for a person (see the console)")
+            sys.exit(3)
+        self.stdout.write(f"run {run.pk}: {run.status} {run.failure_code}: "
+                          f"{run.failure_message}")
+        sys.exit(2)

@@ -1,0 +1,93 @@
+"""``manage.py demo`` headless: its setup path and chaos mode fill the queue with real
+interrupted side effects and policy approvals, and deciding them finishes the runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connections
+
+from demo import world
+from runtime.approvals import approve, pending, resolve
+from runtime.models import Approval, Run
+from tests.procs import ROOT
+
+
+def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(RUNTIME_VAR_DIR=str(tmp_path), RUNTIME_DEMO_DIR=str(tmp_path / "world"),
+               CONSOLE_PASSWORD="correct horse battery")
+    return subprocess.run([sys.executable, "manage.py", "demo", "--no-server", "--until-quiet",
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+
+
+@pytest.fixture
+def demo_db(tmp_path, monkeypatch, django_db_blocker):
+    """This test process reads the demo's own database file and outside world."""
+    monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "world"))
+    conf = settings.DATABASES["default"]
+    original = conf["NAME"]
+    with django_db_blocker.unblock():
+        connections.close_all()
+        conf["NAME"] = str(tmp_path / "runtime.sqlite3")
+        try:
+            yield tmp_path
+        finally:
+            connections.close_all()
+            conf["NAME"] = original
+
+
+@pytest.mark.slow
+def test_the_demo_fills_the_queue_with_real_approvals_of_both_kinds(tmp_path, demo_db):
+    first = demo(tmp_path, "--runs", "16", "--chaos", "0.8", "--seed", "3")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "created the operator account: username operator" in first.stdout
+    assert "was killed (SIGKILL); restarting it" in first.stdout
+    user = get_user_model().objects.get(username="operator")
+    assert user.check_password("correct horse battery")
+    assert user.has_perm("runtime.decide_approval")
+
+    waiting = list(pending())
+    assert {"interrupted_side_effect", "policy"} <= {a.kind for a in waiting}
+    for approval in waiting:  # the operator checks the outside world, as the console suggests
+        found = world.ledger(approval.step.idempotency_key)
+        if approval.kind == "interrupted_side_effect" and approval.tool == "issue_refund" \
+                and found["refunds"]:
+            refund = found["refunds"][0]
+            resolve(approval.pk, "operator", {"refund_id": refund["id"],
+                                              "amount_cents": refund["amount_cents"],
+                                              "duplicate": False}, "found it at the provider")
+        else:
+            approve(approval.pk, "operator", "checked: run it")
+
+    second = demo(tmp_path, "--runs", "0", "--chaos", "0")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "operator account: operator (password as set before)" in second.stdout
+    assert set(Run.objects.values_list("status", flat=True)) == {"succeeded"}
+    assert not pending().exists()
+
+    # The outside world: one refund per run (the provider honours idempotency keys), and a
+    # mail sent twice only where a person approved a re-run of an interrupted send.
+    ledger = world.ledger()
+    assert len(ledger["refunds"]) == Run.objects.count()
+    mails_by_key: dict[str, int] = {}
+    for mail in ledger["mails"]:
+        mails_by_key[mail["idempotency_key"]] = mails_by_key.get(mail["idempotency_key"], 0) + 1
+    for key, sent in mails_by_key.items():
+        approved = Approval.objects.filter(step__idempotency_key=key, status="consumed",
+                                           kind="interrupted_side_effect").count()
+        assert sent <= 1 + approved, key
+
+
+def test_bad_options_are_refused_before_anything_is_written(tmp_path):
+    done = demo(tmp_path, "--chaos", "2")
+    assert done.returncode == 1 and "--chaos" in done.stderr
+    assert not (tmp_path / "runtime.sqlite3").exists()
+    assert not (tmp_path / "world").exists()
