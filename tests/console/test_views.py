@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from tests.console.conftest import PASSWORD
+from tests.console.conftest import PASSWORD, sql_log
 
 PAGES = ["/", "/pending-count/", "/approvals/1/", "/runs/", "/runs/1/", "/workers/"]
 
@@ -62,3 +62,28 @@ def test_console_js_and_css_are_served(operator):
     js = finders.find("console/console.js")
     assert js and "openDecision" in Path(js).read_text()
     assert finders.find("console/console.css")
+
+
+def test_runtime_never_imports_console():
+    import ast
+    from pathlib import Path
+
+    import runtime
+
+    for path in Path(runtime.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "console" or n.startswith("console.") for n in names), path
+
+
+def test_console_pages_write_no_runtime_table(interrupted, operator):
+    w = interrupted()
+    pages = ["/", "/pending-count/", f"/approvals/{w.approval.pk}/", "/runs/",
+             f"/runs/{w.run.pk}/", "/workers/"]
+    with sql_log() as statements:
+        for url in pages:
+            assert operator.get(url).status_code == 200
+    writes = [s for s in statements if s.lstrip().upper().startswith(("INSERT", "UPDATE",
+                                                                      "DELETE"))]
+    assert not [s for s in writes if "runtime_" in s], writes
