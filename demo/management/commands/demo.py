@@ -77,7 +77,7 @@ class Command(BaseCommand):
                 self.spawn("console", [sys.executable, "-m", "gunicorn", "console.wsgi",
                                        "--bind", f"{opts['host']}:{opts['port']}",
                                        "--workers", "2", "--threads", "4",
-                                       "--access-logfile", "-", "--log-level", "warning"],
+                                       "--log-level", "warning"],
                            arm=False)
                 self.stdout.write(self.style.SUCCESS(
                     f"console: http://{opts['host']}:{opts['port']}/  (Ctrl-C stops everything)"))
