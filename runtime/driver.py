@@ -8,7 +8,6 @@ Whatever must be durable before an outside call is committed before it, never fo
 
 from __future__ import annotations
 
-import random
 import secrets
 import time
 from collections.abc import Callable
@@ -23,19 +22,18 @@ from django.db.models import F
 from . import crashpoints
 from .agents import Agent, get_agent
 from .audit import EventSpec
-from .canonical import check_payload, dumps, request_digest
+from .canonical import check_payload, request_digest
 from .clock import SYSTEM_CLOCK, Clock
 from .crashpoints import CrashPoint
 from .errors import (
     InvalidArguments,
     InvalidPayload,
     LeaseLost,
-    LLMError,
     ToolNotRegistered,
     UnknownAgent,
 )
 from .lease import LeaseKeeper, make_owner
-from .llm import Decision, FinalAnswer, LLMResponse, ToolCall, Transcript, TranscriptEntry
+from .llm import Decision, FinalAnswer, Transcript, TranscriptEntry
 from .models import (
     Approval,
     ApprovalKind,
@@ -54,8 +52,6 @@ from .tools import Tool, ToolContext
 # unexpired by the wall clock, not only held.
 _GATED = frozenset({"llm.requested", "step.tool_started", "step.tool_dispatched"})
 
-# The longest a wait before an LLM retry goes without checking the lease and should_stop.
-_WAIT_SLICE = 0.2
 
 
 @dataclass
@@ -236,109 +232,9 @@ class Execution:
         tx.run_fields["llm_requests"] = F("llm_requests") + 1
 
     def decide(self, step: Step) -> Step | None:
-        tx = self.tx()
-        if self.planned:
-            decision = _decision_from_json(self.planned.pop(0))
-            tx.run_fields["planned"] = list(self.planned)
-            return self.apply_decision(tx, step, decision)
-        attempt = 1
-        while True:
-            if self.lease.lost:
-                raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
-            if self.should_stop():  # the step stays deciding; whoever claims it next decides it
-                self.stop_here(tx)
-                return None
-            crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=self.run.pk,
-                                step_index=step.index)
-            try:
-                response = self.agent.llm.complete(self.transcript, self.agent.tool_specs)
-                decisions = _checked_decisions(response)
-                break
-            except LeaseLost:
-                raise
-            except Exception as exc:
-                if not self.llm_failed(step, exc, attempt):
-                    return None
-            attempt += 1
-            tx = self.tx()
-        tx = self.tx()
-        usage = response.usage
-        tx.event("llm.responded", {"tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out,
-                                   "cost": str(usage.cost), "decisions": len(decisions)},
-                 step.index)
-        tx.run_fields.update(tokens_in=F("tokens_in") + usage.tokens_in,
-                             tokens_out=F("tokens_out") + usage.tokens_out,
-                             cost=F("cost") + Decimal(usage.cost))
-        self.tokens += usage.tokens_in + usage.tokens_out
-        self.cost += Decimal(usage.cost)
-        self.planned = [_decision_to_json(d) for d in decisions[1:]]
-        tx.run_fields["planned"] = list(self.planned)
-        over = self.over_budget()
-        if over:
-            tx.step_update(step, status=StepStatus.FAILED, error=over, finished_at=tx.now)
-            self.fail(tx, FailureCode.BUDGET_EXCEEDED, over)
-            self.commit(tx)
-            return None
-        return self.apply_decision(tx, step, decisions[0])
+        from .deciding import decide  # asking the LLM, with retries, lives in its own module
 
-    def llm_failed(self, step: Step, exc: Exception, attempt: int) -> bool:
-        """Record a failed LLM request; True once the same request may be sent again.
-
-        A retryable ``LLMError`` gets up to ``llm.max_retries`` (else ``RUNTIME["LLM_RETRIES"]``,
-        default 3) more attempts, each after its ``llm.failed`` is committed and a backoff has
-        passed. A retry is the same request, not a new one: it is no new step, charges no
-        usage and does not count toward ``Budget.max_llm_requests`` (the retry limit bounds
-        it); its ``llm.requested`` carries the same request number and the attempt. Anything
-        else, or the last allowed attempt failing, fails the step and the run (``error``).
-        """
-        retryable = isinstance(exc, LLMError) and exc.retryable
-        message = str(exc) if isinstance(exc, LLMError) else f"{type(exc).__name__}: {exc}"
-        payload: dict[str, Any] = {"error": message, "attempt": attempt, "retryable": retryable}
-        if isinstance(exc, LLMError) and exc.status is not None:
-            payload["status"] = exc.status
-        tx = self.tx()
-        if not retryable or attempt > _llm_retries(self.agent.llm):
-            tx.event("llm.failed", payload, step.index)
-            tx.step_update(step, status=StepStatus.FAILED, error=message, finished_at=tx.now)
-            self.fail(tx, FailureCode.ERROR, f"LLM request failed: {message}")
-            self.commit(tx)
-            return False
-        delay = _retry_delay(attempt, exc.retry_after)
-        tx.event("llm.failed", {**payload, "retry_in": delay}, step.index)
-        self.commit(tx)
-        if not self.wait_before_retry(delay):
-            self.stop_here(self.tx())
-            return False
-        tx = self.tx()
-        tx.event("llm.requested", {"request": self.llm_requests, "attempt": attempt + 1},
-                 step.index)
-        self.commit(tx)  # gated: the retry goes out only under a live, unexpired lease
-        return True
-
-    def wait_before_retry(self, seconds: float) -> bool:
-        """Let ``seconds`` pass in short slices; False as soon as this process must stop.
-
-        Raises ``LeaseLost`` when the heartbeat finds the lease gone, so nothing is sent.
-        """
-        remaining = seconds
-        while True:
-            if self.lease.lost:
-                raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
-            if self.should_stop():
-                return False
-            if remaining <= 0:
-                return True
-            chunk = min(remaining, _WAIT_SLICE)
-            self.driver.sleep(chunk)
-            remaining -= chunk
-
-    def over_budget(self) -> str:
-        budget = self.agent.budget
-        if budget.max_tokens is not None and self.tokens > budget.max_tokens:
-            return f"{self.tokens} tokens exceed the budget of {budget.max_tokens}"
-        if budget.max_cost is not None and self.cost > Decimal(budget.max_cost):
-            return f"cost {self.cost} exceeds the budget of {budget.max_cost}"
-        return ""
+        return decide(self, step)
 
     def apply_decision(self, tx: Tx, step: Step, decision: Decision) -> Step | None:
         idx = step.index
@@ -532,23 +428,6 @@ class Execution:
         self.release(tx, RunStatus.FAILED)
 
 
-def _llm_retries(llm: Any) -> int:
-    limit = getattr(llm, "max_retries", None)
-    return int(settings.RUNTIME.get("LLM_RETRIES", 3) if limit is None else limit)
-
-
-def _retry_delay(attempt: int, retry_after: float | None) -> float:
-    """Seconds before retry ``attempt + 1``: the server's ``Retry-After`` if it gave one, else
-    exponential backoff with jitter; never more than ``RUNTIME["LLM_RETRY_MAX_SECONDS"]``."""
-    cap = float(settings.RUNTIME.get("LLM_RETRY_MAX_SECONDS", 30))
-    if retry_after is None:
-        base = float(settings.RUNTIME.get("LLM_RETRY_BASE_SECONDS", 1))
-        delay = base * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
-    else:
-        delay = retry_after
-    return round(min(max(delay, 0.0), cap), 3)
-
-
 def _consume(approval: Approval, now: datetime) -> None:
     """Mark an approval consumed; it authorizes exactly one start (compare-and-set)."""
     updated = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.APPROVED).update(
@@ -559,31 +438,3 @@ def _consume(approval: Approval, now: datetime) -> None:
 
 def _entry(step: Step) -> TranscriptEntry:
     return TranscriptEntry(step.index, step.tool, step.arguments or {}, step.result, step.error)
-
-
-def _checked_decisions(response: Any) -> list[Decision]:
-    if not isinstance(response, LLMResponse):
-        raise TypeError(f"the LLM returned {type(response).__name__}, not an LLMResponse")
-    decisions = list(response.decisions)
-    if not decisions:
-        raise ValueError("the LLM returned no decision")
-    for d in decisions:
-        if not isinstance(d, ToolCall | FinalAnswer):
-            raise TypeError(f"the LLM returned {d!r}, not a ToolCall or FinalAnswer")
-        if isinstance(d, ToolCall):
-            if not isinstance(d.arguments, dict):
-                raise TypeError(f"the LLM gave {d.tool!r} arguments that are not an object")
-            dumps(d.arguments)  # raises for values JSON cannot hold
-    return decisions
-
-
-def _decision_to_json(d: Decision) -> dict[str, Any]:
-    if isinstance(d, FinalAnswer):
-        return {"final": check_payload("final answer", d.output)}
-    return {"tool": d.tool, "arguments": d.arguments}
-
-
-def _decision_from_json(data: dict[str, Any]) -> Decision:
-    if "final" in data:
-        return FinalAnswer(data["final"])
-    return ToolCall(data["tool"], data.get("arguments") or {})
