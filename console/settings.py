@@ -139,4 +139,8 @@ RUNTIME = {
     "MAX_PAYLOAD_BYTES": int(os.environ.get("RUNTIME_MAX_PAYLOAD_BYTES", str(1024 * 1024))),
     # Four-eyes: whoever started a run may not approve or resolve its side effects.
     "FOUR_EYES": os.environ.get("RUNTIME_FOUR_EYES", "") == "1",
+    # Retries of a failed LLM request (timeouts, 429, 5xx, malformed answers), with backoff.
+    "LLM_RETRIES": int(os.environ.get("RUNTIME_LLM_RETRIES", "3")),
+    "LLM_RETRY_BASE_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_BASE_SECONDS", "1")),
+    "LLM_RETRY_MAX_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_MAX_SECONDS", "30")),
 }
