@@ -6,7 +6,9 @@ Decisions go through ``runtime.approvals`` only; this module never writes a runt
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect
@@ -111,10 +113,13 @@ def _render(
     allowed = ["reject"] if blocked else ["approve", "reject"]
     if approval.kind in approvals.RESOLVABLE and not blocked:
         allowed.insert(1, "resolve")
+    check = getattr(settings, "CONSOLE_CHECK_URL", "")
     context: dict[str, Any] = {
         "approval": approval,
         "run": approval.run,
         "step": approval.step,
+        "check_url": check.format(key=quote(approval.step.idempotency_key), tool=quote(
+            approval.tool)) if check else "",
         "timeline": Step.objects.filter(run_id=approval.run_id, index__lte=approval.step.index)
         .order_by("index"),
         "pending": approval.status == ApprovalStatus.PENDING,

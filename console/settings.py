@@ -114,6 +114,11 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# Where an operator checks whether an interrupted call took effect: a URL with {key} (the
+# step's idempotency key) and {tool}, linked from every approval. The demo's outside world by
+# default; point it at your payment provider's dashboard, your mail logs, ...
+CONSOLE_CHECK_URL = os.environ.get("CONSOLE_CHECK_URL", "/demo/world/?key={key}")
+
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"

@@ -19,5 +19,6 @@ console_patterns = [
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("demo/", include("demo.urls")),
     path("", include((console_patterns, "console"))),
 ]

@@ -1,0 +1,6 @@
+from django.urls import path
+
+from . import views
+
+app_name = "demo"
+urlpatterns = [path("world/", views.outside_world, name="world")]
