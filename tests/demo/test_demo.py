@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connections
 
 from demo import world
 from runtime.approvals import approve, pending, resolve
@@ -26,22 +24,6 @@ def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "manage.py", "demo", "--no-server", "--until-quiet",
                            *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=240)
-
-
-@pytest.fixture
-def demo_db(tmp_path, monkeypatch, django_db_blocker):
-    """This test process reads the demo's own database file and outside world."""
-    monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "world"))
-    conf = settings.DATABASES["default"]
-    original = conf["NAME"]
-    with django_db_blocker.unblock():
-        connections.close_all()
-        conf["NAME"] = str(tmp_path / "runtime.sqlite3")
-        try:
-            yield tmp_path
-        finally:
-            connections.close_all()
-            conf["NAME"] = original
 
 
 @pytest.mark.slow
