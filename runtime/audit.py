@@ -7,11 +7,14 @@ database triggers' back (or a deleted row) breaks the chain at a findable place.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from .canonical import dumps
 
@@ -66,20 +69,97 @@ def event_hash(
     return hashlib.sha256((prev_hash + "\n" + body).encode()).hexdigest()
 
 
+@dataclass(slots=True)
+class EventRow:
+    """An event chained and ready to insert (cheaper to build than a model instance).
+
+    ``payload_text`` is the payload's canonical JSON: hashed into the chain, and stored as is.
+    """
+
+    run_id: int
+    step_index: int | None
+    seq: int
+    kind: str
+    payload: Any
+    payload_text: str
+    actor: str
+    at: datetime
+    hash: str
+
+
+_str = json.JSONEncoder(ensure_ascii=False).encode  # a JSON string, exactly as dumps() has it
+
+
 def build_events(
     run_id: int, seq: int, head: str, specs: Iterable[EventSpec], actor: str, at: datetime
-) -> tuple[list, int, str]:
-    """Event rows chained after (seq, head); returns (rows, new seq, new head). Not saved."""
-    from .models import Event
+) -> tuple[list[EventRow], int, str]:
+    """Event rows chained after (seq, head); returns (rows, new seq, new head). Not saved.
 
+    Each hash is ``event_hash``'s, with the body written out in dumps()' own key order so the
+    payload is serialised once (for the hash and for the row). verify() recomputes it the
+    reference way, so any difference would show as a broken chain.
+    """
     rows = []
+    prefix = f'{{"actor":{_str(actor)},"at":"{_iso(at)}","kind":'
+    suffix = f',"run":{int(run_id)},"seq":'
     for spec in specs:
         seq += 1
-        head = event_hash(head, run_id=run_id, seq=seq, kind=spec.kind, step_index=spec.step_index,
-                          payload=spec.payload, actor=actor, at=at)
-        rows.append(Event(run_id=run_id, step_index=spec.step_index, seq=seq, kind=spec.kind,
-                          payload=spec.payload, actor=actor, at=at, hash=head))
+        text = dumps(spec.payload)
+        step = "null" if spec.step_index is None else str(int(spec.step_index))
+        body = f'{prefix}{_str(spec.kind)},"payload":{text}{suffix}{seq},"step":{step}}}'
+        head = hashlib.sha256((head + "\n" + body).encode()).hexdigest()
+        rows.append(EventRow(run_id, spec.step_index, seq, spec.kind, spec.payload, text, actor,
+                             at, head))
     return rows, seq, head
+
+
+_INSERT_HEAD = ('INSERT INTO "runtime_event" ("run_id", "step_index", "seq", "kind", "payload", '
+                '"actor", "at", "hash") VALUES ')
+_insert_sql: dict[int, str] = {}
+
+
+def insert_events(rows: Sequence[EventRow]) -> None:
+    """Insert chained rows in one statement, on this thread's connection (the caller's
+    transaction). Payloads are stored as their canonical JSON text; the JSON field reads it."""
+    if not rows:
+        return
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor != "sqlite":
+        _insert_with_orm(rows)
+        return
+    sql = _insert_sql.get(len(rows))
+    if sql is None:
+        sql = _insert_sql[len(rows)] = _INSERT_HEAD + ",".join(["(?,?,?,?,?,?,?,?)"] * len(rows))
+    params: list[Any] = []
+    for r in rows:
+        params += (r.run_id, r.step_index, r.seq, r.kind, r.payload_text, r.actor,
+                   db_datetime(db, r.at), r.hash)
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        db.connection.execute(sql, params)
+
+
+_adapted: list[Any] = [None, None]  # the last datetime adapted and its text
+
+
+def db_datetime(db: Any, at: datetime | None) -> str | None:
+    """``at`` as the SQLite backend stores it; the last one is remembered (a commit writes the
+    same time into every event and the run row)."""
+    if at is None:
+        return None
+    last, text = _adapted
+    if at is not last:
+        text = db.ops.adapt_datetimefield_value(at)
+        _adapted[:] = [at, text]
+    return text
+
+
+def _insert_with_orm(rows: Sequence[EventRow]) -> None:
+    from .models import Event
+
+    Event.objects.bulk_create([
+        Event(run_id=r.run_id, step_index=r.step_index, seq=r.seq, kind=r.kind, payload=r.payload,
+              actor=r.actor, at=r.at, hash=r.hash) for r in rows])
 
 
 def log_events(rows: Iterable) -> None:
@@ -88,8 +168,8 @@ def log_events(rows: Iterable) -> None:
         return
     for e in rows:
         step = f" step={e.step_index}" if e.step_index is not None else ""
-        logger.info("run=%s #%s %s%s actor=%s %s", e.run_id, e.seq, e.kind, step, e.actor,
-                    dumps(e.payload))
+        text = e.payload_text if isinstance(e, EventRow) else dumps(e.payload)
+        logger.info("run=%s #%s %s%s actor=%s %s", e.run_id, e.seq, e.kind, step, e.actor, text)
 
 
 @dataclass(frozen=True)

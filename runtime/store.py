@@ -9,14 +9,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import DecimalField, F, Value
+from django.db.models.expressions import CombinedExpression
 
 from . import crashpoints
-from .audit import EventSpec, build_events, log_events
+from .audit import EventRow, EventSpec, build_events, db_datetime, insert_events, log_events
 from .canonical import check_payload
 from .crashpoints import CrashPoint
 from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
-from .models import IN_FLIGHT_STEP_STATUSES, Event, Run, RunStatus, Step, StepStatus
+from .models import IN_FLIGHT_STEP_STATUSES, Run, RunStatus, Step, StepStatus
 
 
 @dataclass(eq=False)
@@ -51,19 +53,13 @@ def lease_commit(
     run_fields: dict[str, Any] | None = None,
     writes: Callable[[], None] | None = None,
     require_unexpired: bool = False,
-) -> list[Event]:
+) -> list[EventRow]:
     """Commit a state change and its events, only while ``lease`` still holds the run.
 
     ``require_unexpired`` adds the wall-clock check that a tool start or an LLM request needs.
     Raises ``LeaseLost`` (nothing written) when the compare-and-set finds another owner, a newer
     epoch, a moved chain head or, if required, an expired lease.
     """
-    cond: dict[str, Any] = {
-        "pk": lease.run_id, "lease_owner": lease.owner, "lease_epoch": lease.epoch,
-        "event_seq": lease.seq,
-    }
-    if require_unexpired:
-        cond["lease_expires_at__gt"] = now
     try:
         with transaction.atomic():
             # Row writes go first so they can put generated ids into event payloads; if the
@@ -72,12 +68,11 @@ def lease_commit(
                 writes()
             rows, seq, head = build_events(lease.run_id, lease.seq, lease.head, specs,
                                            lease.owner, now)
-            updated = Run.objects.filter(**cond).update(
-                event_seq=seq, event_hash=head, updated_at=now, **(run_fields or {})
-            )
-            if updated != 1:
+            fields = {"event_seq": seq, "event_hash": head, "updated_at": now,
+                      **(run_fields or {})}
+            if _lease_update(lease, fields, now if require_unexpired else None) != 1:
                 raise _CasFailed
-            Event.objects.bulk_create(rows)
+            insert_events(rows)
             crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=lease.run_id,
                                 step_index=_last_step_index(specs))
     except Exception as exc:
@@ -90,6 +85,76 @@ def lease_commit(
     lease.seq, lease.head = seq, head
     log_events(rows)
     return rows
+
+
+# The loop's compare-and-set, written as SQL once per shape of change: building the same UPDATE
+# through the ORM on every commit cost more CPU than the commit's own flush.
+_run_update_sql: dict[tuple, str] = {}
+
+
+def _lease_update(lease: Lease, fields: dict[str, Any], unexpired_at: datetime | None) -> int:
+    """UPDATE the run where owner, epoch and chain head still match (and, if given, the lease
+    is unexpired at ``unexpired_at``); the row count says whether the lease held."""
+    db = connections[DEFAULT_DB_ALIAS]
+    shape, params = _set_params(db, fields) if db.vendor == "sqlite" else (None, [])
+    if shape is None:  # not SQLite, or an expression the fast path does not write: the ORM
+        cond: dict[str, Any] = {"pk": lease.run_id, "lease_owner": lease.owner,
+                                "lease_epoch": lease.epoch, "event_seq": lease.seq}
+        if unexpired_at is not None:
+            cond["lease_expires_at__gt"] = unexpired_at
+        return Run.objects.filter(**cond).update(**fields)
+    key = (shape, unexpired_at is not None)
+    sql = _run_update_sql.get(key)
+    if sql is None:
+        sql = _run_update_sql[key] = _update_sql(shape, unexpired_at is not None)
+    params += [lease.run_id, lease.owner, lease.epoch, lease.seq]
+    if unexpired_at is not None:
+        params.append(db_datetime(db, unexpired_at))
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        return db.connection.execute(sql, params).rowcount
+
+
+_RUN_FIELDS = {f.name: f for f in Run._meta.concrete_fields}
+
+
+def _set_params(db: Any, fields: dict[str, Any]) -> tuple[tuple | None, list[Any]]:
+    """(shape, parameters) of a SET clause: plain values, or ``F(same field) + value``."""
+    shape, params = [], []
+    for name, value in fields.items():
+        field = _RUN_FIELDS[name]
+        if isinstance(value, CombinedExpression):
+            lhs, rhs = value.lhs, value.rhs
+            if not (value.connector == "+" and isinstance(lhs, F) and lhs.name == name
+                    and isinstance(rhs, Value) and not hasattr(rhs.value, "resolve_expression")):
+                return None, []
+            decimal = isinstance(field, DecimalField)
+            shape.append((field.column, "decimal+" if decimal else "+"))
+            params.append(str(rhs.value) if decimal else rhs.value)
+        elif hasattr(value, "resolve_expression"):
+            return None, []
+        elif isinstance(value, datetime):
+            shape.append((field.column, "="))
+            params.append(db_datetime(db, value))
+        else:
+            shape.append((field.column, "="))
+            params.append(field.get_db_prep_save(value, db))
+    return tuple(shape), params
+
+
+def _update_sql(shape: tuple, unexpired: bool) -> str:
+    sets = []
+    for column, op in shape:
+        if op == "=":
+            sets.append(f'"{column}" = ?')
+        elif op == "+":
+            sets.append(f'"{column}" = ("{column}" + ?)')
+        else:  # what the ORM writes for a DecimalField sum on SQLite
+            sets.append(f'"{column}" = CAST(("{column}" + CAST(? AS NUMERIC)) AS NUMERIC)')
+    where = '"id" = ? AND "lease_owner" = ? AND "lease_epoch" = ? AND "event_seq" = ?'
+    if unexpired:
+        where += ' AND "lease_expires_at" > ?'
+    return f'UPDATE "runtime_run" SET {", ".join(sets)} WHERE {where}'
 
 
 def _lease_lost(lease: Lease, now: datetime, require_unexpired: bool) -> LeaseLost | None:
@@ -125,7 +190,7 @@ def run_create(
                                  created_by=created_by, created_at=now, updated_at=now)
         spec = EventSpec("run.created", {"agent": agent, "input": data, "created_by": created_by})
         rows, seq, head = build_events(run.pk, 0, "", [spec], actor or created_by or "system", now)
-        Event.objects.bulk_create(rows)
+        insert_events(rows)
         Run.objects.filter(pk=run.pk).update(event_seq=seq, event_hash=head)
     run.event_seq, run.event_hash = seq, head
     log_events(rows)
@@ -188,7 +253,7 @@ def _claim(run: Run, owner: str, now: datetime, expires: datetime) -> Acquired:
         ).update(status=RunStatus.RUNNING, lease_owner=owner, lease_epoch=epoch,
                  lease_expires_at=expires, event_seq=seq, event_hash=head, updated_at=now)
         if updated == 1:
-            Event.objects.bulk_create(rows)
+            insert_events(rows)
     if updated != 1:
         raise _lost_race(run.pk, now)
     log_events(rows)
@@ -227,7 +292,7 @@ def _take_over(run: Run, owner: str, now: datetime, expires: datetime, force: bo
         if updated == 1:
             if step is not None:
                 Step.objects.filter(pk=step.pk).update(status=StepStatus.INTERRUPTED)
-            Event.objects.bulk_create(rows)
+            insert_events(rows)
     if updated != 1:
         raise _lost_race(run.pk, now)
     log_events(rows)
@@ -258,7 +323,7 @@ def run_append_in_tx(
     now: datetime,
     expect_status: Sequence[str],
     run_fields: dict[str, Any] | None = None,
-) -> list[Event] | None:
+) -> list[EventRow] | None:
     """Append events to a run nobody holds (an operator's decision), inside the caller's
     transaction. Returns None, writing nothing, if the run moved on since it was read."""
     rows, seq, head = build_events(run.pk, run.event_seq, run.event_hash, specs, actor, now)
@@ -267,7 +332,7 @@ def run_append_in_tx(
     ).update(event_seq=seq, event_hash=head, updated_at=now, **(run_fields or {}))
     if updated != 1:
         return None
-    Event.objects.bulk_create(rows)
+    insert_events(rows)
     run.event_seq, run.event_hash = seq, head
     transaction.on_commit(lambda: log_events(rows))
     return rows
@@ -302,3 +367,52 @@ def run_release(lease: Lease, *, now: datetime, reason: str) -> bool:
     except LeaseLost:
         return False
     return True
+
+
+# Step rows written by the loop, as SQL: the driver's per-commit step changes through these
+# cost a fraction of building the same statements through the ORM.
+_STEP_FIELDS = {f.name: f for f in Step._meta.concrete_fields}
+_step_sql: dict[tuple[str, ...], str] = {}
+
+
+def step_write(step: Step, fields: dict[str, Any]) -> None:
+    """UPDATE one step row (inside the caller's transaction) with ``fields``."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor != "sqlite":
+        Step.objects.filter(pk=step.pk).update(**fields)
+        return
+    names = tuple(fields)
+    sql = _step_sql.get(names)
+    if sql is None:
+        sets = ", ".join(f'"{_STEP_FIELDS[n].column}" = ?' for n in names)
+        sql = _step_sql[names] = f'UPDATE "runtime_step" SET {sets} WHERE "id" = ?'
+    params = [_step_value(db, n, v) for n, v in fields.items()]
+    params.append(step.pk)
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        db.connection.execute(sql, params)
+
+
+def step_insert(step: Step) -> None:
+    """INSERT a new step row (inside the caller's transaction) and give ``step`` its id."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor != "sqlite":
+        step.save(force_insert=True)
+        return
+    fields = [f for f in Step._meta.concrete_fields if not f.primary_key]
+    sql = _step_sql.get(("+insert",))
+    if sql is None:
+        cols = ", ".join(f'"{f.column}"' for f in fields)
+        marks = ", ".join("?" * len(fields))
+        sql = _step_sql[("+insert",)] = f'INSERT INTO "runtime_step" ({cols}) VALUES ({marks})'
+    params = [_step_value(db, f.name, getattr(step, f.attname)) for f in fields]
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        step.pk = db.connection.execute(sql, params).lastrowid
+    step._state.adding, step._state.db = False, db.alias
+
+
+def _step_value(db: Any, name: str, value: Any) -> Any:
+    if isinstance(value, datetime):
+        return db_datetime(db, value)
+    return _STEP_FIELDS[name].get_db_prep_save(value, db)

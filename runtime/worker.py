@@ -24,6 +24,16 @@ from .store import Acquired, Lease, run_release
 
 log = logging.getLogger("runtime.worker")
 
+WATCH_SECONDS = 0.05  # how often an idle worker looks for other connections' commits
+
+
+def _data_version() -> int | None:
+    """SQLite's count of commits by other connections to this file (None elsewhere)."""
+    if connection.vendor != "sqlite":
+        return None
+    with connection.cursor() as cursor:
+        return cursor.execute("PRAGMA data_version").fetchone()[0]
+
 
 class Worker:
     """One worker process: ``concurrency`` threads, one lease owner id, one heartbeat."""
@@ -72,11 +82,24 @@ class Worker:
                 if self.burst and not claimed and not self._running():
                     log.info("worker %s: nothing left to run (burst)", self.owner)
                     break
-                self._wake.wait(self.poll_interval)
-                self._wake.clear()
+                self._idle()
         finally:
             self._shutdown()
         return 0
+
+    def _idle(self) -> None:
+        """Wait until the next poll, or less: a run that became claimable (an approval, a new
+        run, a release) is a commit by another connection, which SQLite's ``data_version``
+        shows; watching it every ``WATCH_SECONDS`` costs one PRAGMA, a claim query costs more."""
+        deadline = time.monotonic() + self.poll_interval
+        seen = _data_version()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wake.wait(min(WATCH_SECONDS, left)):
+                break
+            if seen is not None and _data_version() != seen:
+                break
+        self._wake.clear()
 
     def request_stop(self) -> None:
         """Stop claiming; runs in flight finish their current call, then are released."""

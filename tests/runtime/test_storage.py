@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from runtime import FinalAnswer, ToolCall, resume, start
+from runtime import FinalAnswer, ToolCall, resume, start, store
 from runtime.agents import registry
 from runtime.crashpoints import CrashPoint
 from runtime.errors import SimulatedCrash
@@ -89,7 +89,7 @@ def test_a_failure_between_state_update_and_event_insert_stores_neither(rdb, tmp
         def boom(*args, **kwargs):
             raise OSError("disk fell off between the update and the insert")
 
-        monkeypatch.setattr(Event.objects, "bulk_create", boom)
+        monkeypatch.setattr(store, "insert_events", boom)
         with pytest.raises(OSError):
             resume(run.pk, lease_seconds=5)
         monkeypatch.undo()
@@ -111,3 +111,23 @@ def test_a_crash_inside_a_state_transaction_stores_nothing_of_it(rdb, tmp_path, 
         "run.created", "lease.taken", "run.started"]
     assert not Step.objects.filter(run_id=run2.pk).exists()
     assert Run.objects.get(pk=run2.pk).event_seq == 3
+
+
+def test_chained_rows_hash_exactly_as_the_reference_function(rdb):
+    """build_events writes each hash's body by hand (one serialisation of the payload); it must
+    equal event_hash, which verify() uses, for any actor, kind, payload and step."""
+    from datetime import UTC, datetime
+
+    from runtime.audit import EventSpec, build_events, event_hash
+
+    at = datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
+    specs = [EventSpec("step.decided", {"tool": "née", "args": {"b": [1, 2.5, None], "a": "\""}},
+                       3),
+             EventSpec("run.started", {}), EventSpec("llm.responded", {"x": "✓"}, 0)]
+    rows, seq, head = build_events(41, 6, "f" * 64, specs, 'owner "ö"', at)
+    prev = "f" * 64
+    for n, (spec, row) in enumerate(zip(specs, rows, strict=True), start=7):
+        prev = event_hash(prev, run_id=41, seq=n, kind=spec.kind, step_index=spec.step_index,
+                          payload=spec.payload, actor='owner "ö"', at=at)
+        assert row.hash == prev and row.seq == n
+    assert (seq, head) == (9, prev)

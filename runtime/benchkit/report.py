@@ -1,0 +1,140 @@
+"""The bench's verdicts and its table: each target met or not, with the figure it rests on."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+RSS_TOLERANCE = 0.05  # resident memory may wobble (allocator arenas) by this fraction
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target the bench checks: name, met, and the figure it was judged on."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, met: bool, figure: str) -> None:
+        out.append({"target": name, "met": bool(met), "figure": figure})
+
+    ceiling = r["ceiling"]["commits_per_s"]
+    for s in r["steps"]:
+        ratio = s["steps_per_s"] / ceiling
+        add(f"{s['effect']}: steps/s >= 0.25 x ceiling", ratio >= 0.25,
+            f"{s['steps_per_s']:.0f} steps/s = {ratio:.2f} x {ceiling:.0f} commits/s")
+        add(f"{s['effect']}: 2 synced commits per step (steady state)",
+            s["steady_commits_per_step"] == 2 and s["late_commits_per_step"] == 2,
+            f"{s['steady_commits_per_step']:g} then {s['late_commits_per_step']:g}")
+        add(f"{s['effect']}: statements per step constant as a run grows",
+            s["steady_statements_per_step"] == s["late_statements_per_step"],
+            f"{s['steady_statements_per_step']:g} at {s['run_lengths'][0]}-"
+            f"{s['run_lengths'][1]} steps, {s['late_statements_per_step']:g} at "
+            f"{s['run_lengths'][1]}-{s['run_lengths'][2]}")
+    procs = {c["processes"]: c for c in r["concurrency"] if c["threads"] == 1}
+    if 1 in procs and 2 in procs:
+        gain = procs[2]["steps_per_s"] / max(procs[1]["steps_per_s"], 1e-9)
+        add("2 processes >= 1.6 x 1 process", gain >= 1.6,
+            f"{procs[2]['steps_per_s']:.0f} vs {procs[1]['steps_per_s']:.0f} steps/s "
+            f"= {gain:.2f}x")
+    locked = (sum(c["locked_errors"] for c in r["concurrency"])
+              + r["approvals"]["locked_errors"] + r["rss"]["locked_errors"])
+    add('no "database is locked" in any worker\'s output', locked == 0, f"{locked} found")
+    ok_runs = all(c["succeeded"] == c["runs"] and not c["overran"] for c in r["concurrency"])
+    add("every bench run succeeded, no worker overran", ok_runs,
+        "yes" if ok_runs else "no (see the concurrency section)")
+    p95 = r["approvals"]["p95_ms"]
+    add("approval-to-restart p95 < 500 ms", p95 < 500, f"p95 {p95:.0f} ms")
+    sizes = r["scale"]
+    if len(sizes) >= 2:
+        lo, hi = sizes[0], sizes[-1]
+        for name, q in hi["queries"].items():
+            ratio = q["ms"] / max(lo["queries"][name]["ms"], 1e-9)
+            add(f"flat within 2x: {name}", ratio <= 2.0,
+                f"{lo['queries'][name]['ms']:.2f} ms at {lo['finished_runs']:,} -> "
+                f"{q['ms']:.2f} ms at {hi['finished_runs']:,} ({ratio:.2f}x)")
+    m = r["rss"]
+    limit = RSS_TOLERANCE * m["rss_first_kib"]
+    add(f"no worker RSS growth ({m['first_runs']:,} -> {m['total_runs']:,} runs, "
+        f"within {RSS_TOLERANCE:.0%})", m["growth_kib"] <= limit,
+        f"{m['rss_first_kib'] / 1024:.1f} -> {m['rss_total_kib'] / 1024:.1f} MiB "
+        f"({m['growth_kib'] / 1024:+.1f} MiB)")
+    return out
+
+
+def writer_limit(r: dict[str, Any]) -> str:
+    """Where adding writers stops paying, and whether the disk, the CPUs or the lock is why."""
+    ceiling = r["ceiling"]["commits_per_s"]
+    cps = max(s["commits_per_step"] for s in r["steps"])
+    cpus = r["machine"]["cpus"]
+    lines = []
+    for key, label in (("threads", "threads in one process"), ("processes", "processes")):
+        rows = sorted((c for c in r["concurrency"]
+                       if (c["processes"] == 1 if key == "threads" else c["threads"] == 1)),
+                      key=lambda c: c[key])
+        flat = None
+        for prev, cur in itertools.pairwise(rows):
+            if cur["steps_per_s"] < 1.25 * prev["steps_per_s"]:
+                flat = (prev, cur)
+                break
+        if flat is None:
+            lines.append(f"{label}: throughput still rising at {rows[-1][key]}.")
+            continue
+        prev, cur = flat
+        disk = cur["steps_per_s"] * cps / ceiling
+        busy = cur["cpu_ms_per_step"] * cur["steps_per_s"] / 1000 / cpus
+        why = (f"the disk: commits run at {disk:.0%} of the ceiling" if disk > 0.7
+               else f"the CPUs: workers use {busy:.0%} of {cpus} cores" if busy > 0.8
+               else f"the single writer: one write transaction at a time ({disk:.0%} of the "
+                    f"ceiling's commits/s, {busy:.0%} of the CPUs)")
+        lines.append(f"{label}: {prev[key]} -> {cur[key]} gains only "
+                     f"{cur['steps_per_s'] / prev['steps_per_s']:.2f}x; the limit is {why}.")
+    return " ".join(lines)
+
+
+def render(r: dict[str, Any]) -> str:
+    """The table, as printed."""
+    m, c = r["machine"], r["ceiling"]
+    out = [f"agent-runtime bench{' (--quick)' if r['quick'] else ''}: SQLite {m['sqlite']}, "
+           f"Python {m['python']}, {m['cpus']} CPUs, database in {m['directory']}", ""]
+    out += ["1. Ceiling: plain sqlite3, WAL + synchronous=FULL, one small INSERT per commit",
+            f"   {c['commits_per_s']:,.0f} commits/s (median of "
+            + ", ".join(f"{x:,.0f}" for x in c["samples"]) + ")", ""]
+    out += ["2. Durable steps in process: one driver, concurrency 1, zero-latency scripted LLM, "
+            "no-op tools", "   effect        steps/s  commits/step  stmts/step  steady commits"
+            "  steady stmts  efficiency"]
+    for s in r["steps"]:
+        out.append(f"   {s['effect']:<12} {s['steps_per_s']:8.0f} {s['commits_per_step']:13.2f}"
+                   f" {s['statements_per_step']:11.2f} {s['steady_commits_per_step']:15g}"
+                   f" {s['steady_statements_per_step']:13g} {s['efficiency']:11.2f}")
+    out += ["   (all-in figures include the claim and the final answer of each "
+            f"{r['steps'][0]['steps_per_run']}-step run; efficiency = steps/s x commits/step"
+            " / ceiling)", ""]
+    out += ["3. Worker processes (runworker --burst, 10-step read-only runs)",
+            "   procs threads  steps/s  p50 ms  p99 ms  cpu ms/step  locked  runs ok"]
+    for x in r["concurrency"]:
+        out.append(f"   {x['processes']:5} {x['threads']:7} {x['steps_per_s']:8.0f}"
+                   f" {x['p50_ms']:7.1f} {x['p99_ms']:7.1f} {x['cpu_ms_per_step']:12.2f}"
+                   f" {x['locked_errors']:7} {x['succeeded']:4}/{x['runs']}")
+    out += ["   (latency: a step's start to its tool's result, both commits included)",
+            f"   Single writer: {r['writer_limit']}", ""]
+    a = r["approvals"]
+    out += [f"4. Approval to restart: default runworker, {a['approvals']} approvals at random "
+            "moments", f"   p50 {a['p50_ms']:.0f} ms   p95 {a['p95_ms']:.0f} ms   "
+            f"max {a['max_ms']:.0f} ms   (approve() returning -> step.tool_started)", ""]
+    sizes = r["scale"]
+    head = "".join(f"{s['finished_runs']:>11,}" for s in sizes)
+    out += ["5. Query time (median ms) by finished runs in the table", f"   {'':38}{head}"]
+    for name in sizes[0]["queries"]:
+        out.append(f"   {name:<38}" + "".join(f"{s['queries'][name]['ms']:11.2f}"
+                                             for s in sizes))
+    out.append("   plans at the largest size:")
+    for name, q in sizes[-1]["queries"].items():
+        if not name.startswith("claim: worker"):
+            out.append(f"     {name}: {q['plan']}")
+    rs = r["rss"]
+    out += ["", f"6. Worker memory (default runworker, one-step runs): "
+            f"{rs['rss_first_kib'] / 1024:.1f} MiB after {rs['first_runs']:,} runs, "
+            f"{rs['rss_total_kib'] / 1024:.1f} MiB after {rs['total_runs']:,}", ""]
+    out.append("Targets")
+    for t in r["targets"]:
+        out.append(f"   [{'met' if t['met'] else 'NOT MET':>7}] {t['target']}: {t['figure']}")
+    out.append(f"\nTotal {r['seconds']:.0f} s.")
+    return "\n".join(out)

@@ -1,0 +1,74 @@
+"""Durable steps in process: one driver, concurrency 1, zero-latency LLM, no-op tools.
+
+Commits and statements are counted on the connection (``runtime.instrument``), not assumed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db import transaction
+
+from runtime.agents import registry
+from runtime.clock import SYSTEM_CLOCK
+from runtime.driver import Driver
+from runtime.instrument import SqliteCounter
+from runtime.lease import LeaseKeeper
+from runtime.store import run_create
+
+from .agents import AGENTS
+
+
+def create_runs(agent: str, count: int, steps: int | None = None, batch: int = 500) -> list[int]:
+    """Queue ``count`` runs, many per transaction (each with its ``run.created`` event)."""
+    data = {"steps": steps} if steps is not None else {}
+    ids: list[int] = []
+    while len(ids) < count:
+        with transaction.atomic():
+            for _ in range(min(batch, count - len(ids))):
+                ids.append(run_create(agent, data, created_by="bench",
+                                      now=SYSTEM_CLOCK.now()).pk)
+    return ids
+
+
+def _drive_all(ids: list[int]) -> tuple[float, SqliteCounter]:
+    driver = Driver(name="bench", lease_seconds=30, keeper=LeaseKeeper(30))  # no thread
+    with SqliteCounter() as counter:
+        start = time.perf_counter()
+        for run_id in ids:
+            run = driver.drive(run_id)
+            if run.status != "succeeded":
+                raise RuntimeError(f"bench run {run_id} ended {run.status}")
+        elapsed = time.perf_counter() - start
+    return elapsed, counter
+
+
+def durable_steps(agent: str, runs: int, steps: int = 10) -> dict[str, Any]:
+    """Runs of ``steps`` tool steps: steps/s, commits and statements per step (all in, claim
+    and final answer included), and what one more step costs as a run grows (steady state):
+    the difference between runs of ``steps``, ``2 * steps`` and ``10 * steps`` tool steps."""
+    with registry.override(*AGENTS):
+        _drive_all(create_runs(agent, 3, steps))  # warm: imports, caches, first pages
+        ids = create_runs(agent, runs, steps)
+        elapsed, counted = _drive_all(ids)
+        lengths = (steps, 2 * steps, 10 * steps)
+        per_run = {n: _drive_all(create_runs(agent, 1, n))[1] for n in lengths}
+    a, b, c = (per_run[n] for n in lengths)
+    total = runs * steps
+    return {
+        "agent": agent,
+        "runs": runs,
+        "steps_per_run": steps,
+        "steps": total,
+        "seconds": elapsed,
+        "steps_per_s": total / elapsed,
+        "commits_per_step": counted.commits / total,
+        "statements_per_step": counted.statements / total,
+        "rollbacks": counted.rollbacks,
+        "steady_commits_per_step": (b.commits - a.commits) / (lengths[1] - lengths[0]),
+        "steady_statements_per_step": (b.statements - a.statements) / (lengths[1] - lengths[0]),
+        "late_commits_per_step": (c.commits - b.commits) / (lengths[2] - lengths[1]),
+        "late_statements_per_step": (c.statements - b.statements) / (lengths[2] - lengths[1]),
+        "run_lengths": list(lengths),
+    }

@@ -1,0 +1,117 @@
+"""``manage.py bench``: what a durable step costs here, next to what the disk allows.
+
+Runs on a fresh SQLite database of its own under ``var/bench-<pid>/`` (same filesystem and
+PRAGMAs as the real one), never the user's; removed at the end unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import connections
+
+from runtime.benchkit import procs, report, scale
+from runtime.benchkit.ceiling import ceiling
+from runtime.benchkit.db import bench_database, point_default_at
+from runtime.benchkit.steps import durable_steps
+
+# (default, --quick) sizes: the default run stays under 3 minutes, --quick under 30 s.
+SIZES: dict[str, tuple[Any, Any]] = {
+    "ceiling_seconds": (1.5, 0.3),
+    "step_runs": (40, 6),
+    "worker_runs": (100, 10),
+    "approvals": (200, 20),
+    "scale": ([10_000, 100_000, 1_000_000], [1_000, 5_000, 20_000]),
+    "scale_reps": (40, 10),
+    "rss_runs": ((1_000, 10_000), (100, 300)),
+}
+CONFIGS = [(1, 1), (1, 4), (1, 16), (2, 1), (4, 1)]  # (processes, threads per process)
+
+
+class Command(BaseCommand):
+    help = ("Benchmark the runtime on a fresh database of its own: the disk's commit ceiling, "
+            "durable steps per second, workers, approval-to-restart latency, query scaling and "
+            "worker memory. Prints a table; --json FILE writes the figures.")
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--quick", action="store_true", help="smaller sizes (under 30 s)")
+        parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+        parser.add_argument("--keep", action="store_true", help="keep var/bench-<pid>/")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        quick, self.verbosity = opts["quick"], opts["verbosity"]
+        self.timings: dict[str, float] = {}
+        self._section: str | None = None
+        self._since = 0.0
+        size = {k: v[1] if quick else v[0] for k, v in SIZES.items()}
+        started = time.perf_counter()
+        with bench_database(keep=opts["keep"]) as path:
+            results = self.measure(path, size, quick)
+        self.step("")
+        results["seconds"] = time.perf_counter() - started
+        results["section_seconds"] = {k: round(v, 2) for k, v in self.timings.items()}
+        results["targets"] = report.targets(results)
+        self.stdout.write(report.render(results))
+        if opts["json"]:
+            Path(opts["json"]).write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+    def step(self, what: str) -> None:
+        """Note where the time goes (in the JSON; on stderr with -v 2)."""
+        now = time.perf_counter()
+        if self._section is not None:
+            self.timings[self._section] = now - self._since
+        self._section, self._since = what, now
+        if self.verbosity > 1 and what:
+            self.stderr.write(f"bench: {what}")
+
+    def measure(self, path: Path, size: dict[str, Any], quick: bool) -> dict[str, Any]:
+        directory = path.parent
+        connections.close_all()
+        template = directory / "template.sqlite3"
+        shutil.copyfile(path, template)  # freshly migrated, for the scale section's own file
+        r: dict[str, Any] = {"quick": quick, "machine": {
+            "sqlite": sqlite3.sqlite_version, "python": platform.python_version(),
+            "cpus": os.cpu_count() or 1, "directory": str(directory)}}
+        samples = []
+        self.step("ceiling and durable steps")
+        samples.append(ceiling(directory, size["ceiling_seconds"]))
+        steps = []
+        for agent, effect in (("bench_read", "read_only"), ("bench_write", "side_effect")):
+            steps.append({"effect": effect, **durable_steps(agent, size["step_runs"])})
+            samples.append(ceiling(directory, size["ceiling_seconds"]))
+        r["ceiling"] = {"commits_per_s": statistics.median(samples), "samples": samples}
+        for s in steps:
+            s["efficiency"] = s["steps_per_s"] * s["commits_per_step"] / r["ceiling"][
+                "commits_per_s"]
+        r["steps"] = steps
+        logs = directory / "logs"
+        logs.mkdir(exist_ok=True)
+        r["concurrency"] = []
+        for processes, threads in CONFIGS:
+            self.step(f"{processes} process(es) x {threads} thread(s)")
+            r["concurrency"].append(procs.throughput(
+                path, logs, processes=processes, threads=threads, runs=size["worker_runs"]))
+        r["writer_limit"] = report.writer_limit(r)
+        self.step("approval to restart")
+        r["approvals"] = procs.approval_latency(path, logs, count=size["approvals"])
+        self.step("worker memory")
+        first, total = size["rss_runs"]
+        r["rss"] = procs.worker_rss(path, logs, first=first, total=total)
+        self.step("query scaling")
+        scale_path = directory / "scale.sqlite3"
+        shutil.move(template, scale_path)
+        point_default_at(scale_path)
+        try:
+            r["scale"] = list(scale.measure(scale_path, size["scale"], size["scale_reps"]))
+        finally:
+            point_default_at(path)
+        return r
