@@ -16,10 +16,10 @@ from ..api import resume, start
 from ..clock import ManualClock
 from ..errors import CrashNotReached, RunLeased, SimulatedCrash
 from ..lease import make_owner
-from ..models import Approval, ApprovalStatus, Run, RunStatus
+from ..models import Approval, Run, RunStatus
 from .invariants import Report, check_invariants
 from .ledger import Ledger
-from .operator import Decision, decide
+from .operator import Decision, decide, operate
 from .reached import Crash, Reached
 
 
@@ -87,12 +87,8 @@ class InProcessKit:
 
     def operate(self, choose: Callable[[Approval], Decision | None],
                 by: str = "kit-operator") -> list[tuple[Approval, Decision]]:
-        done = []
-        for approval in Approval.objects.filter(status=ApprovalStatus.PENDING).order_by("pk"):
-            decision = choose(approval)
-            if decision is not None:
-                done.append((decide(approval.pk, decision, by), decision))
-        return done
+        """Decide every pending approval with ``choose`` (None leaves it pending)."""
+        return operate(choose, by)
 
     def check(self, runs: Iterable[int] | None = None) -> Report:
         return check_invariants(executions=self.ledger.executions(), reached=self.reached,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import approvals
-from ..models import Approval, ApprovalKind
+from ..models import Approval, ApprovalKind, ApprovalStatus
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,15 @@ def decide(approval_id: int, decision: Decision, by: str = "kit-operator") -> Ap
     if decision.action == "reject":
         return approvals.reject(approval_id, by, decision.note or "rejected")
     return approvals.resolve(approval_id, by, decision.result, decision.note)
+
+
+def operate(choose: Callable[[Approval], Decision | None],
+            by: str = "kit-operator") -> list[tuple[Approval, Decision]]:
+    """Decide every pending approval, oldest first, with ``choose`` (None leaves it pending)."""
+    done = []
+    for approval in Approval.objects.filter(status=ApprovalStatus.PENDING).select_related(
+            "step").order_by("pk"):
+        decision = choose(approval)
+        if decision is not None:
+            done.append((decide(approval.pk, decision, by), decision))
+    return done

@@ -25,11 +25,11 @@ from django.utils.module_loading import import_string
 from ..agents import registry
 from ..clock import SYSTEM_CLOCK
 from ..errors import CrashNotReached, RunLeased
-from ..models import Approval, ApprovalStatus, Run, RunStatus
+from ..models import Approval, Run, RunStatus
 from ..store import run_acquire
 from .invariants import Report, check_invariants
 from .ledger import Ledger
-from .operator import Decision, decide
+from .operator import Decision, decide, operate
 from .reached import Crash, Reached
 
 
@@ -218,13 +218,7 @@ class ProcessKit:
     def operate(self, choose: Callable[[Approval], Decision | None],
                 by: str = "kit-operator") -> list[tuple[Approval, Decision]]:
         """Decide every pending approval with ``choose`` (None leaves it pending)."""
-        done = []
-        for approval in Approval.objects.filter(status=ApprovalStatus.PENDING).select_related(
-                "step").order_by("pk"):
-            decision = choose(approval)
-            if decision is not None:
-                done.append((decide(approval.pk, decision, by), decision))
-        return done
+        return operate(choose, by)
 
     def check(self, runs: Iterable[int] | None = None) -> Report:
         """All six invariants, counting side effects from this kit's ledger."""

@@ -16,7 +16,20 @@ from django.core.management.base import BaseCommand, CommandError
 from runtime import crashpoints
 from runtime.api import resume, start
 from runtime.errors import AgentRuntimeError, InvalidPayload, UnknownAgent
-from runtime.models import RunStatus
+from runtime.models import Run, RunStatus
+
+
+def exit_with_outcome(out: Any, run: Run) -> None:
+    """Print how the run stands; exit 0 succeeded, 3 waiting for a person, 2 otherwise."""
+    summary = f"run {run.pk}: {run.status}"
+    if run.status == RunStatus.SUCCEEDED:
+        out.write(f"{summary} output={json.dumps(run.output)}")
+        return
+    if run.status == RunStatus.WAITING:
+        out.write(f"{summary} (waiting for a person: see the console)")
+        sys.exit(3)
+    out.write(f"{summary} {run.failure_code}: {run.failure_message}")
+    sys.exit(2)
 
 
 class _Printer(logging.Handler):
@@ -68,12 +81,4 @@ class Command(BaseCommand):
             events.removeHandler(printer)
             events.setLevel(old_level)
             events.propagate = old_propagate
-        summary = f"run {run.pk}: {run.status}"
-        if run.status == RunStatus.SUCCEEDED:
-            self.stdout.write(f"{summary} output={json.dumps(run.output)}")
-            return
-        if run.status == RunStatus.WAITING:
-            self.stdout.write(f"{summary} (an approval is pending)")
-            sys.exit(3)
-        self.stdout.write(f"{summary} {run.failure_code}: {run.failure_message}")
-        sys.exit(2)
+        exit_with_outcome(self.stdout, run)

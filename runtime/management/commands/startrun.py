@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runtime.api import start
 from runtime.errors import InvalidPayload, UnknownAgent
+from runtime.management.commands.runagent import exit_with_outcome
 from runtime.models import TERMINAL_RUN_STATUSES, RunStatus
 
 
@@ -47,12 +48,4 @@ class Command(BaseCommand):
                 self.stdout.write(f"run {run.pk}: still {run.status} after {opts['timeout']}s")
                 sys.exit(4)
             time.sleep(0.1)  # polling the database for the run's state, bounded
-        if run.status == RunStatus.SUCCEEDED:
-            self.stdout.write(f"run {run.pk}: succeeded output={json.dumps(run.output)}")
-            return
-        if run.status == RunStatus.WAITING:
-            self.stdout.write(f"run {run.pk}: waiting for a person (see the console)")
-            sys.exit(3)
-        self.stdout.write(f"run {run.pk}: {run.status} {run.failure_code}: "
-                          f"{run.failure_message}")
-        sys.exit(2)
+        exit_with_outcome(self.stdout, run)
