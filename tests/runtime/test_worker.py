@@ -183,3 +183,13 @@ def test_four_workers_share_one_sqlite_file_without_locking_errors(rdb, tmp_path
         assert "database is locked" not in out and "Traceback" not in out
     handled = [int(w.output().rsplit("(", 1)[1].split()[0]) for w in workers]
     assert sum(handled) == 300
+
+
+def test_agents_option_claims_only_those_agents_runs(rdb, tmp_path, spawn):
+    with _agents():
+        mine = start("steps5", {})
+        other = start("toolboom", {})
+    assert spawn("--burst", "--agents", "steps5").wait() == 0
+    assert _status(mine.pk) == "succeeded" and _status(other.pk) == "queued"
+    assert spawn("--burst", "--agents", "nobody").wait() != 0  # unknown agent: refused
+    assert _status(other.pk) == "queued"
