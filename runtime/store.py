@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import DecimalField, F, Value
+from django.db.models import DecimalField, F, JSONField, Value
 from django.db.models.expressions import CombinedExpression
 
 from . import crashpoints
@@ -186,8 +186,11 @@ def run_create(
     """Insert a queued run with its ``run.created`` event. The caller checked the agent."""
     data = check_payload("run input", input)
     with transaction.atomic():
-        run = Run.objects.create(agent=agent, input=data, status=RunStatus.QUEUED,
+        # JSON null is a valid input: stored as JSON, not as SQL NULL (which the column refuses).
+        stored = Value(None, JSONField()) if data is None else data
+        run = Run.objects.create(agent=agent, input=stored, status=RunStatus.QUEUED,
                                  created_by=created_by, created_at=now, updated_at=now)
+        run.input = data
         spec = EventSpec("run.created", {"agent": agent, "input": data, "created_by": created_by})
         rows, seq, head = build_events(run.pk, 0, "", [spec], actor or created_by or "system", now)
         insert_events(rows)

@@ -33,7 +33,7 @@ class InProcessKit:
         self.clock = clock or ManualClock(datetime.now(UTC))
         self.reached = Reached()
 
-    def start(self, agent: str, input: Any = {}, created_by: str = "kit") -> int:  # noqa: B006
+    def start(self, agent: str, input: Any = None, created_by: str = "kit") -> int:
         return start(agent, input, created_by, clock=self.clock).pk
 
     def crash(self, run_id: int, *crashes: Crash) -> SimulatedCrash:

@@ -111,7 +111,7 @@ class ProcessKit:
 
     # -- the kit's verbs ------------------------------------------------------------------------
 
-    def start(self, agent: str, input: Any = {}, created_by: str = "kit") -> int:  # noqa: B006
+    def start(self, agent: str, input: Any = None, created_by: str = "kit") -> int:
         """Queue a run (in this process, with the kit's agents registered) and return its id."""
         from ..api import start
 

@@ -264,3 +264,15 @@ def test_cancel_ends_a_queued_run_and_refuses_a_finished_one(rdb, tmp_path):
     with pytest.raises(RunNotResumable):
         resume(queued.pk)
     assert verify(queued.pk).ok
+
+
+@pytest.mark.parametrize("value", [None, 0, "", [], "text", {"a": None}])
+def test_any_json_value_is_a_valid_input_including_null(rdb, tmp_path, value):
+    agent = make_agent("echo", [FinalAnswer("done")], Ledger(tmp_path / "ledger"))
+    with registry.override(agent):
+        run = start("echo", value)
+        assert run.input == value
+        run = resume(run.pk)
+    assert run.status == "succeeded" and Run.objects.get(pk=run.pk).input == value
+    created = Event.objects.get(run_id=run.pk, kind="run.created")
+    assert created.payload["input"] == value and verify(run).ok
