@@ -45,7 +45,7 @@ from .models import (
     StepStatus,
 )
 from .policy import Deny, Request, RequireApproval
-from .store import Acquired, Lease, lease_commit, run_acquire
+from .store import Acquired, Lease, lease_commit, run_acquire, step_insert, step_write
 from .tools import Tool, ToolContext
 
 # Events that start something outside (an LLM request, a tool call, a dispatch) need the lease
@@ -64,6 +64,7 @@ class Tx:
     writes: list[Any] = field(default_factory=list)
     after: list[tuple[CrashPoint, int | None]] = field(default_factory=list)
     gated: bool = False
+    step_fields: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def event(self, kind: str, payload: dict[str, Any], step: int | None = None) -> dict:
         self.specs.append(EventSpec(kind, payload, step))
@@ -71,9 +72,16 @@ class Tx:
         return payload
 
     def step_update(self, step: Step, **fields: Any) -> None:
+        """Change ``step`` now and write it in the commit: one UPDATE per step per commit
+        (later changes to the same step join the first one's write)."""
         for k, v in fields.items():
             setattr(step, k, v)
-        self.writes.append(lambda: Step.objects.filter(pk=step.pk).update(**fields))
+        pending = self.step_fields.get(id(step))
+        if pending is not None:
+            pending.update(fields)
+            return
+        self.step_fields[id(step)] = pending = dict(fields)
+        self.writes.append(lambda: step_write(step, pending))
 
     def crash_after(self, point: CrashPoint, step: int | None) -> None:
         self.after.append((point, step))
@@ -217,7 +225,7 @@ class Execution:
         step = Step(run_id=self.run.pk, index=index, status=StepStatus.DECIDING,
                     idempotency_key=key, started_at=tx.now)
         tx.event("step.started", {"idempotency_key": key}, index)
-        tx.writes.append(lambda: step.save(force_insert=True))
+        tx.writes.append(lambda: step_insert(step))
         if ask_llm:
             self.request_llm(tx, step)
         tx.crash_after(CrashPoint.AFTER_STEP_STARTED, index)
