@@ -164,28 +164,26 @@ def approval_latency(db: Path, log_dir: Path, *, count: int, mean_gap: float = 0
 
 def worker_rss(db: Path, log_dir: Path, *, first: int, total: int,
                timeout: float = 300) -> dict[str, Any]:
-    """One default worker's resident memory after ``first`` runs and after ``total``, fed in
-    batches while it works (runs that end at once: claim, one step, the final answer)."""
-    feed = max(100, first // 2)
-    ids = create_runs("bench_final", first + feed)
-    created, lo = len(ids), min(ids)
+    """One default worker's resident memory after ``first`` runs and after ``total`` (runs
+    that end at once: claim, one step, the final answer), all queued before it starts so
+    nothing but the worker writes while it works."""
+    ids = create_runs("bench_final", total)
+    lo = min(ids)
     worker = WorkerProc(db, log_dir, [], "rss")
     rss: dict[int, int] = {}
     start = time.monotonic()
     try:
         while len(rss) < 2:
-            done = Run.objects.filter(pk__gte=lo, agent="bench_final", status="succeeded").count()
+            done = Run.objects.filter(pk__gte=lo, status="succeeded").count()
             if done >= first and first not in rss:
                 rss[first] = worker.rss_kib()
             if done >= total:
                 rss[total] = worker.rss_kib()
                 break
-            if created < total and created - done < feed:
-                created += len(create_runs("bench_final", min(feed, total - created)))
             if worker.proc.poll() is not None or time.monotonic() - start > timeout:
                 raise RuntimeError(f"the memory run stopped at {done} runs:\n"
                                    + worker.output()[-2000:])
-            time.sleep(0.05)
+            time.sleep(0.1)  # the bench's own polling pace
         elapsed = time.monotonic() - start
     finally:
         code = worker.stop()
