@@ -6,7 +6,6 @@ leaves it. Time is a ``ManualClock``, so waiting out a lease costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,13 @@ from ..api import resume, start
 from ..clock import ManualClock
 from ..errors import CrashNotReached, RunLeased, SimulatedCrash
 from ..lease import make_owner
-from ..models import Approval, Run, RunStatus
-from .invariants import Report, check_invariants
+from ..models import Run, RunStatus
+from .base import Kit
 from .ledger import Ledger
-from .operator import Decision, decide, operate
 from .reached import Crash, Reached
 
 
-class InProcessKit:
+class InProcessKit(Kit):
     """Crash, take over and decide in this process. ``ledger`` is your tools' outside record."""
 
     def __init__(self, ledger: Ledger | Path | str, *, lease_seconds: float = 1.0,
@@ -82,17 +80,8 @@ class InProcessKit:
             for run_id in ids:
                 done.append(self.take_over(run_id))
 
-    def decide(self, approval_id: int, decision: Decision, by: str = "kit-operator") -> Approval:
-        return decide(approval_id, decision, by)
-
-    def operate(self, choose: Callable[[Approval], Decision | None],
-                by: str = "kit-operator") -> list[tuple[Approval, Decision]]:
-        """Decide every pending approval with ``choose`` (None leaves it pending)."""
-        return operate(choose, by)
-
-    def check(self, runs: Iterable[int] | None = None) -> Report:
-        return check_invariants(executions=self.ledger.executions(), reached=self.reached,
-                                runs=runs, now=self.clock.now())
+    def now(self) -> datetime:
+        return self.clock.now()
 
     def _drive(self, run_id: int, owner: str) -> Run:
         return resume(run_id, owner=owner, clock=self.clock, lease_seconds=self.lease_seconds)

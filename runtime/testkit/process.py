@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,10 @@ from django.utils.module_loading import import_string
 from ..agents import registry
 from ..clock import SYSTEM_CLOCK
 from ..errors import CrashNotReached, RunLeased
-from ..models import Approval, Run, RunStatus
+from ..models import Run, RunStatus
 from ..store import run_acquire
-from .invariants import Report, check_invariants
+from .base import Kit
 from .ledger import Ledger
-from .operator import Decision, decide, operate
 from .reached import Crash, Reached
 
 
@@ -46,7 +45,7 @@ class Exited:
         return self.returncode == -signal.SIGKILL
 
 
-class ProcessKit:
+class ProcessKit(Kit):
     """Crash, resume and decide, each step in its own process, against one SQLite file.
 
     ``agents`` is the dotted path of the agent list the processes load (``RUNTIME_AGENTS``);
@@ -210,17 +209,3 @@ class ProcessKit:
             raise AssertionError(f"the draining worker exited {exited.returncode}:\n"
                                  f"{exited.output[-3000:]}")
         return exited
-
-    def decide(self, approval_id: int, decision: Decision, by: str = "kit-operator") -> Approval:
-        """Play the operator on one approval (in this process, through the runtime's API)."""
-        return decide(approval_id, decision, by)
-
-    def operate(self, choose: Callable[[Approval], Decision | None],
-                by: str = "kit-operator") -> list[tuple[Approval, Decision]]:
-        """Decide every pending approval with ``choose`` (None leaves it pending)."""
-        return operate(choose, by)
-
-    def check(self, runs: Iterable[int] | None = None) -> Report:
-        """All six invariants, counting side effects from this kit's ledger."""
-        return check_invariants(executions=self.ledger.executions(), reached=self.reached,
-                                runs=runs)
