@@ -1,0 +1,92 @@
+"""The runtime on PostgreSQL, the path for more than one machine: migrations with the audit
+log's append-only triggers, the loop through the ORM (the SQLite fast paths fall back), a
+worker, a killed worker's side effect put to a person, and ``verifyaudit`` — real processes
+against a throwaway database on the local server (``RUNTIME_TEST_POSTGRES`` to point
+elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.procs import ROOT
+
+SERVER = os.environ.get("RUNTIME_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/postgres")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    try:
+        admin = psycopg.connect(SERVER, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL server at {SERVER}: {exc}")
+    name = f"runtime_test_{os.getpid()}"
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = SERVER.rsplit("/", 1)[0] + "/" + name
+    try:
+        done = manage(url, None, "migrate", "-v", "0")
+        assert done.returncode == 0, done.stderr
+        yield url
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def manage(url: str, test_dir, *args: str, crash: list | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DATABASE_URL": url, "RUNTIME_AGENTS": "tests.agents.AGENTS",
+           "RUNTIME_TEST_DIR": str(test_dir or ROOT)}
+    if crash:
+        env["RUNTIME_CRASH_POINTS"] = json.dumps(crash)
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rows(url: str, sql: str, *params) -> list[tuple]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def test_runs_workers_and_the_audit_log_on_postgres(pg_url, tmp_path):
+    hello = manage(pg_url, tmp_path, "runagent", "hello", "--input", '{"name": "Ada"}')
+    assert hello.returncode == 0, hello.stderr
+    assert "Hello, Ada!" in hello.stdout
+    queued = manage(pg_url, tmp_path, "startrun", "steps5")
+    assert queued.returncode == 0, queued.stderr
+    worker = manage(pg_url, tmp_path, "runworker", "--burst", "--concurrency", "2")
+    assert worker.returncode == 0, worker.stderr
+    assert rows(pg_url, "SELECT agent, status FROM runtime_run ORDER BY id") == [
+        ("hello", "succeeded"), ("steps5", "succeeded")]
+    assert rows(pg_url, "SELECT count(*) FROM runtime_step WHERE run_id = 2")[0][0] == 6
+    assert manage(pg_url, tmp_path, "verifyaudit").returncode == 0
+    with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+        rows(pg_url, "UPDATE runtime_event SET actor = 'someone' WHERE id = 1")
+
+
+def test_a_killed_workers_side_effect_waits_for_a_person_on_postgres(pg_url, tmp_path):
+    queued = manage(pg_url, tmp_path, "startrun", "slowpay")
+    run_id = int(queued.stdout.split()[1])
+    killed = manage(pg_url, tmp_path, "runworker", "--burst", "--lease-seconds", "30",
+                    crash=[{"point": "after_tool_started"}])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    heir = manage(pg_url, tmp_path, "runworker", "--burst")  # same host: takes over at once
+    assert heir.returncode == 0, heir.stderr
+    assert rows(pg_url, "SELECT status FROM runtime_run WHERE id = %s", run_id) == [("waiting",)]
+    assert rows(pg_url, "SELECT kind, status FROM runtime_approval WHERE run_id = %s",
+                run_id) == [("interrupted_side_effect", "pending")]
+    reason = rows(pg_url, "SELECT payload->>'reason' FROM runtime_event WHERE run_id = %s "
+                  "AND kind = 'lease.taken_over'", run_id)
+    assert reason == [("owner proved dead",)]
+    assert not (tmp_path / "ledger.jsonl").exists() or "slow_charge" not in (
+        tmp_path / "ledger.jsonl").read_text()
+    assert manage(pg_url, tmp_path, "verifyaudit").returncode == 0
