@@ -10,7 +10,7 @@ from .agents import get_agent
 from .audit import EventSpec
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import RunNotFound, RunNotResumable
-from .models import Approval, ApprovalStatus, Run, RunStatus
+from .models import Approval, ApprovalStatus, Run, RunStatus, Step, StepStatus
 from .store import run_append_in_tx, run_create
 
 
@@ -40,11 +40,19 @@ def cancel(run_id: int, by: str, reason: str = "", *, clock: Clock = SYSTEM_CLOC
             run_id=run.pk, status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED]))
         specs = [EventSpec("approval.cancelled", {"approval_id": a.pk, "reason": "run cancelled"},
                            a.step.index) for a in open_approvals]
+        # A run handed back to the queue mid-decision has a step still deciding: it ends here.
+        deciding = Step.objects.filter(run_id=run.pk, status=StepStatus.DECIDING).first()
+        if deciding is not None:
+            specs.append(EventSpec("step.interrupted", {"was": "deciding", "reason":
+                                                        "run cancelled"}, deciding.index))
         specs.append(EventSpec("run.cancelled", {"by": by, "reason": reason}))
         if run_append_in_tx(run, specs, actor=by, now=now,
                             expect_status=[RunStatus.QUEUED, RunStatus.WAITING],
                             run_fields={"status": RunStatus.CANCELLED, "planned": []}) is None:
             raise RunNotResumable(run.pk, "changed while cancelling")
+        if deciding is not None:
+            Step.objects.filter(pk=deciding.pk, status=StepStatus.DECIDING).update(
+                status=StepStatus.INTERRUPTED)
         Approval.objects.filter(pk__in=[a.pk for a in open_approvals]).update(
             status=ApprovalStatus.CANCELLED, decided_by=by, decided_at=now, note=reason)
     run.refresh_from_db()

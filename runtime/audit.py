@@ -188,14 +188,14 @@ class Verification:
         return f"run {self.run_id}: BROKEN at event #{self.broken_seq}: {self.reason}"
 
 
-def verify(run: Any) -> Verification:
+def verify(run: Any, using: str = "default") -> Verification:
     """Check a run's events: sequence 1..n without gaps, every hash, and the run's chain head."""
     from .models import Event, Run
 
     if not isinstance(run, Run):
-        run = Run.objects.get(pk=run)
+        run = Run.objects.using(using).get(pk=run)
     head, expected, count = "", 1, 0
-    events = Event.objects.filter(run_id=run.pk).order_by("seq")
+    events = Event.objects.using(using).filter(run_id=run.pk).order_by("seq")
     for e in events.iterator(chunk_size=2000):
         count += 1
         if e.seq != expected:

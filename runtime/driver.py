@@ -293,6 +293,9 @@ class Execution:
             verdict = self.agent.policy(request, self.run)
         except Exception as exc:
             message = f"policy raised {type(exc).__name__}: {exc}"
+            if approval is not None:
+                self.cancel_approval(tx, approval, message)
+            tx.event("step.tool_failed", {"error": message, "started": False}, step.index)
             tx.step_update(step, status=StepStatus.FAILED, error=message, finished_at=tx.now)
             self.fail(tx, FailureCode.ERROR, message)
             self.commit(tx)

@@ -55,18 +55,20 @@ def recover(ex: Execution) -> Step | None:
 def redecide(ex: Execution, step: Step) -> Step | None:
     """A step interrupted (or released) while deciding is simply decided again."""
     tx = ex.tx()
-    if step.status != StepStatus.DECIDING:
+    if step.status != StepStatus.DECIDING:  # the status changes on the record, as every change
         tx.step_update(step, status=StepStatus.DECIDING)
+        tx.event("step.started", {"idempotency_key": step.idempotency_key, "again": True},
+                 step.index)
     if ex.planned:
         if tx.writes:
-            tx.event("step.started", {"idempotency_key": step.idempotency_key, "again": True},
-                     step.index)
             ex.commit(tx)
         return step
     budget = ex.agent.budget
     if ex.llm_requests + 1 > budget.max_llm_requests:
-        ex.fail(tx, FailureCode.BUDGET_EXCEEDED, f"LLM request {ex.llm_requests + 1} would "
-                f"exceed the budget of {budget.max_llm_requests}")
+        message = (f"LLM request {ex.llm_requests + 1} would exceed the budget of "
+                   f"{budget.max_llm_requests}")
+        tx.step_update(step, status=StepStatus.FAILED, error=message, finished_at=tx.now)
+        ex.fail(tx, FailureCode.BUDGET_EXCEEDED, message)
         ex.commit(tx)
         return None
     ex.request_llm(tx, step)

@@ -98,7 +98,7 @@ def check_invariants(
         out += _approvals_consumed_once(run, events, approvals)
         out += _every_start_ends(run, events)
         out += _nothing_in_flight(run, steps, now)
-        out += _chain_and_replay(run, events, steps)
+        out += _chain_and_replay(run, events, steps, db)
     if reached is not None:
         out += [Violation(5, m.run_id, m.step_index, f"requested crash {m.point} was never "
                           f"reached{': ' + m.detail if m.detail else ''}")
@@ -186,9 +186,10 @@ def _nothing_in_flight(run: Run, steps: dict[int, Step], now: datetime) -> list[
     return found
 
 
-def _chain_and_replay(run: Run, events: list[Event], steps: dict[int, Step]) -> list[Violation]:
+def _chain_and_replay(run: Run, events: list[Event], steps: dict[int, Step],
+                      db: str) -> list[Violation]:
     """6. Events gapless, hash chain intact, and replaying them gives the run's state."""
-    checked = verify(run)
+    checked = verify(run, using=db)
     if not checked.ok:
         return [Violation(6, run.pk, None, checked.reason, (checked.broken_seq or 0,))]
     state = replay(events)
@@ -252,7 +253,7 @@ def replay(events: Iterable[Event]) -> Replayed:
             for s in steps.values():  # a run that fails mid-decision fails that step with it
                 if s["status"] == StepStatus.DECIDING:
                     s["status"] = StepStatus.FAILED
-        elif e.kind == "llm.requested":
+        elif e.kind == "llm.requested" and p.get("attempt", 1) == 1:  # retries are not new
             run["llm_requests"] += 1
         elif e.kind == "llm.responded":
             run["tokens_in"] += p.get("tokens_in", 0)

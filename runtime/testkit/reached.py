@@ -67,5 +67,14 @@ class Reached:
                    for r, p, s in self.hits)
 
     def missing(self) -> list[Missing]:
-        return [Missing(str(c.point), run_id, c.step_index, detail)
-                for run_id, c, detail in self.requested if not self.was_hit(run_id, c)]
+        """Requested crashes without a hit of their own (each hit satisfies one request)."""
+        unused = list(self.hits)
+        out = []
+        for run_id, c, detail in self.requested:
+            hit = next((h for h in unused if (run_id is None or h[0] == run_id)
+                        and c.matches(h[1], h[2])), None)
+            if hit is None:
+                out.append(Missing(str(c.point), run_id, c.step_index, detail))
+            else:
+                unused.remove(hit)
+        return out

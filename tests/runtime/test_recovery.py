@@ -157,9 +157,9 @@ def test_interrupted_read_only_or_deciding_step_continues(rdb, tmp_path, clock, 
         if case == "deciding_planned":  # decided again from the plan, no new LLM request
             assert after[:3] == ["step.started", "step.decided", "step.tool_started"]
             assert llm.calls == 2 and run.llm_requests == 2
-        else:  # decided again: a fresh LLM request for the same step
-            assert after[:4] == ["llm.requested", "llm.responded", "step.decided",
-                                 "step.tool_started"]
+        else:  # decided again (on the record): a fresh LLM request for the same step
+            assert after[:5] == ["step.started", "llm.requested", "llm.responded",
+                                 "step.decided", "step.tool_started"]
             assert run.llm_requests == 3  # the lost request, its repeat, and the final answer
     assert "side_effect.auto_confirmed" not in events_of(run)
     assert verify(run.pk).ok

@@ -7,7 +7,20 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
+from runtime import (
+    Agent,
+    Budget,
+    FinalAnswer,
+    LLMError,
+    LLMResponse,
+    RequireApproval,
+    ScriptedLLM,
+    ToolCall,
+    Usage,
+    cancel,
+)
 from runtime.agents import registry
+from runtime.driver import Driver
 from runtime.models import Approval, ApprovalStatus, Event, Run, Step
 from runtime.testkit import (
     APPROVE,
@@ -255,3 +268,81 @@ def test_the_in_process_kit_gives_the_process_matrix_outcomes(mem):
             assert ledger[(run, 2)] == cell.executions + 1
     report = mem.check()
     assert report.approvals_consumed == sum(b == "approve" for _, b in runs.values())
+
+
+# -- paths where the record and the rows must still agree (each checked by every invariant) ---
+
+
+class _FlakyLLM:
+    """Fails ``fails`` times (retryable or not), then answers."""
+
+    def __init__(self, fails: int, retryable: bool = True) -> None:
+        self.left, self.retryable, self.max_retries = fails, retryable, 3
+
+    def complete(self, transcript, tools):
+        if self.left > 0:
+            self.left -= 1
+            raise LLMError("the model is overloaded", retryable=self.retryable, retry_after=0)
+        return LLMResponse([FinalAnswer({"ok": True})], Usage(tokens_in=3, tokens_out=2))
+
+
+def _checked_run(mem, agent, *, crash: Crash | None = None, decide=None) -> Run:
+    with registry.override(agent):
+        run = mem.start(agent.name)
+        if crash is not None:
+            mem.crash(run, crash)
+        mem.drain()
+        if decide is not None:
+            mem.operate(decide)
+            mem.drain()
+    mem.check()
+    return Run.objects.get(pk=run)
+
+
+def test_a_retried_llm_request_replays_to_the_same_state(mem):
+    run = _checked_run(mem, Agent("flaky", _FlakyLLM(1), []))
+    assert run.status == "succeeded" and run.llm_requests == 1
+    assert Event.objects.filter(run_id=run.pk, kind="llm.requested").count() == 2
+
+
+def test_a_step_decided_again_after_a_takeover_is_on_the_record(mem):
+    out_of_budget = Agent("tight", ScriptedLLM([FinalAnswer(1)]), [],
+                          budget=Budget(max_llm_requests=1))
+    run = _checked_run(mem, out_of_budget, crash=Crash(P.DURING_LLM_REQUEST, step_index=1))
+    assert (run.status, run.failure_code) == ("failed", "budget_exceeded")
+    assert Step.objects.get(run_id=run.pk).status == "failed"
+    llm_down = Agent("down", _FlakyLLM(99, retryable=False), [])
+    run = _checked_run(mem, llm_down, crash=Crash(P.DURING_LLM_REQUEST, step_index=1))
+    assert run.failure_code == "error"
+    assert Event.objects.filter(run_id=run.pk, kind="step.started").count() == 2
+
+
+def test_a_policy_that_raises_on_an_approved_request_cancels_the_approval(mem):
+    asked = []
+
+    def policy(request, run):
+        asked.append(request.tool)
+        if len(asked) == 1:
+            return RequireApproval("Charge?")
+        raise RuntimeError("the policy service is down")
+
+    agent = Agent("gated", ScriptedLLM([ToolCall("charge", {"amount": 1})]),
+                  kit_agents.TOOLS, policy=policy)
+    run = _checked_run(mem, agent, decide=lambda approval: APPROVE)
+    assert (run.status, run.failure_code) == ("failed", "error")
+    assert Approval.objects.get(run_id=run.pk).status == "cancelled"
+    assert mem.ledger.count("charge") == 0
+
+
+def test_cancelling_a_run_released_mid_decision_ends_its_step(mem):
+    agent = Agent("released", ScriptedLLM([FinalAnswer(1)]), [])
+    with registry.override(agent):
+        run = mem.start("released")
+        driver = Driver("w@h:1:x", clock=mem.clock)
+        stopping = iter([False, True])  # the worker is asked to stop before the LLM request
+        driver.execute(driver.acquire(run), should_stop=lambda: next(stopping, True))
+        assert Run.objects.get(pk=run).status == "queued"
+        assert Step.objects.get(run_id=run).status == "deciding"
+        cancel(run, "olga", "not needed", clock=mem.clock)
+    mem.check()
+    assert Step.objects.get(run_id=run).status == "interrupted"
