@@ -66,9 +66,7 @@ def _now() -> str:
 def setup(orders: int = 60, seed: int = 1) -> None:
     """Create both files and a shop's orders (idempotent: existing orders are kept)."""
     rng = random.Random(seed)
-    for name, ddl in SCHEMA.items():
-        with _db(name) as conn:
-            conn.executescript(ddl)
+    ensure_schema()
     with _db("payments") as conn:
         if conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0]:
             return
@@ -78,6 +76,13 @@ def setup(orders: int = 60, seed: int = 1) -> None:
             rows.append((1000 + i, customer, email, rng.choice(ITEMS),
                          rng.choice([1299, 2450, 4999, 8900, 12900, 18950, 24900])))
         conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)", rows)
+
+
+def ensure_schema() -> None:
+    """Both files with their tables (no orders): what the ledger page needs to answer."""
+    for name, ddl in SCHEMA.items():
+        with _db(name) as conn:
+            conn.executescript(ddl)
 
 
 def order_ids() -> list[int]:
@@ -119,6 +124,7 @@ def send_mail(recipient: str, subject: str, body: str, key: str) -> dict[str, An
 
 def ledger(key: str = "") -> dict[str, list[dict[str, Any]]]:
     """What the outside world recorded, optionally only under one idempotency key."""
+    ensure_schema()  # a console whose demo never ran shows an empty world, not an error
     where, args = ("WHERE idempotency_key = ?", (key,)) if key else ("", ())
     out = {}
     with _db("payments") as conn:

@@ -6,7 +6,9 @@ a zombie, or now belongs to a process that started at a different time.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 from functools import cache
 from pathlib import Path
@@ -61,3 +63,14 @@ def owner_provably_dead(owner: str, *, boot: str, proc_start: int | None) -> boo
     if pid == os.getpid():
         return False  # this very process: its own threads are not dead
     return process_start(pid) != proc_start
+
+
+def die_with_parent() -> None:
+    """For ``subprocess.Popen(preexec_fn=...)``: the child gets SIGTERM when the process that
+    started it dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``), so a supervisor that is
+    killed leaves no workers behind. Elsewhere it does nothing."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

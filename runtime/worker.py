@@ -78,21 +78,21 @@ class Worker:
                  f", agents {', '.join(self.agents)}" if self.agents else "")
         try:
             while not self._stop.is_set():
+                seen = _data_version()  # before the claim: a commit during it wakes us
                 claimed = self._fill_slots()
                 if self.burst and not claimed and not self._running():
                     log.info("worker %s: nothing left to run (burst)", self.owner)
                     break
-                self._idle()
+                self._idle(seen)
         finally:
             self._shutdown()
         return 0
 
-    def _idle(self) -> None:
+    def _idle(self, seen: int | None) -> None:
         """Wait until the next poll, or less: a run that became claimable (an approval, a new
         run, a release) is a commit by another connection, which SQLite's ``data_version``
         shows; watching it every ``WATCH_SECONDS`` costs one PRAGMA, a claim query costs more."""
         deadline = time.monotonic() + self.poll_interval
-        seen = _data_version()
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or self._wake.wait(min(WATCH_SECONDS, left)):

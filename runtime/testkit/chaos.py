@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import AgentRuntimeError
 from ..models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
+from ..procs import die_with_parent
 from .invariants import Report, check_invariants
 from .ledger import Ledger
 from .operator import APPROVE, REJECT, Decision, decide, resolve_with
@@ -151,7 +152,7 @@ class Chaos:
              "--concurrency", str(self.cfg.concurrency), "--lease-seconds",
              str(self.cfg.lease_seconds), "--poll-interval", "0.1", *extra],
             cwd=self.manage.parent, env=self._env(arm), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         log.close()
         self.procs[slot], self.armed[slot] = proc, arm
         return proc
@@ -212,7 +213,11 @@ class Chaos:
             if self._all_ended():
                 return
             proc = self._start(0, extra=("--burst",))
-            proc.wait(120)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
             self._operate()
 
     def _tally(self, seconds: float) -> None:

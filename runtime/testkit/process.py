@@ -130,25 +130,45 @@ class ProcessKit(Kit):
         dead owner's lease is live (``self.refusals`` counts the proofs)."""
         todo, results = list(plan), []
         running: list[tuple[subprocess.Popen, list[str], int, Sequence[Crash]]] = []
-        while todo or running:
-            while todo and len(running) < parallel:
-                run_id, crashes = todo.pop(0)
-                for c in crashes:
-                    self.reached.expect(run_id, c)
-                args = ["runagent", "--resume", str(run_id), "--name", "kit-crash",
-                        "--lease-seconds", str(self.lease_seconds)]
-                running.append((self._spawn(args, crashes), args, run_id, crashes))
-            proc, args, run_id, crashes = running.pop(0)
-            exited = self._wait(proc, args)
-            if not exited.killed:
-                first = crashes[0]
-                raise CrashNotReached(str(first.point), run_id, first.step_index,
-                                      f"the process exited with status {exited.returncode}:\n"
-                                      f"{exited.output[-2000:]}")
-            if refuse and Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).exists():
-                self.refusals += self.refused(run_id)
-            results.append(exited)
+        try:
+            while todo or running:
+                while todo and len(running) < parallel:
+                    run_id, crashes = todo.pop(0)
+                    for c in crashes:
+                        self.reached.expect(run_id, c)
+                    args = ["runagent", "--resume", str(run_id), "--name", "kit-crash",
+                            "--lease-seconds", str(self.lease_seconds)]
+                    running.append((self._spawn(args, crashes), args, run_id, crashes))
+                # whichever died first is checked first, while its lease is still young
+                done = self._first_exited([p for p, *_ in running])
+                index = next(i for i, entry in enumerate(running) if entry[0] is done)
+                proc, args, run_id, crashes = running.pop(index)
+                exited = self._wait(proc, args)
+                if not exited.killed:
+                    first = crashes[0]
+                    raise CrashNotReached(str(first.point), run_id, first.step_index,
+                                          f"the process exited with status "
+                                          f"{exited.returncode}:\n{exited.output[-2000:]}")
+                if refuse and Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).exists():
+                    self.refusals += self.refused(run_id)
+                results.append(exited)
+        finally:
+            for proc, *_ in running:  # an error above leaves no process behind
+                if proc.poll() is None:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
         return results
+
+    def _first_exited(self, procs: list[subprocess.Popen]) -> subprocess.Popen:
+        """The first of ``procs`` to end (bounded by the kit's timeout)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for proc in procs:
+                if proc.poll() is not None:
+                    return proc
+            if time.monotonic() > deadline:
+                return procs[0]  # _wait kills it and reports the overrun
+            time.sleep(0.005)  # polling child processes for their exit
 
     def crash_worker(self, *crashes: Crash, extra: Sequence[str] = ()) -> Exited:
         """A ``runworker --burst`` armed with ``crashes`` (it claims what is runnable); it must
@@ -165,11 +185,15 @@ class ProcessKit(Kit):
         return exited
 
     def refused(self, run_id: int) -> bool:
-        """True if taking the run over now is refused because its lease is live; an
-        AssertionError if it was taken over (nothing else is written either way)."""
+        """True if a takeover now is refused because the dead owner's lease is live; False,
+        trying nothing, if the lease has already expired. Never writes: a takeover at ``now``
+        before the expiry can only be refused."""
+        now = SYSTEM_CLOCK.now()
+        expires = Run.objects.filter(pk=run_id).values_list("lease_expires_at", flat=True).get()
+        if expires is None or expires <= now:
+            return False
         try:
-            run_acquire(run_id, "kit-probe", lease_seconds=self.lease_seconds,
-                        now=SYSTEM_CLOCK.now())
+            run_acquire(run_id, "kit-probe", lease_seconds=self.lease_seconds, now=now)
         except RunLeased:
             return True
         raise AssertionError(f"run {run_id} was taken over before its lease expired")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
+from django.db.backends.signals import connection_created
 from django.test import Client
 
 from runtime import Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, crashpoints, resume
@@ -135,14 +136,21 @@ def policy_paused(rdb, tmp_path, clock) -> Iterator[Callable[[], Waiting]]:
 
 @contextmanager
 def sql_log() -> Iterator[list[str]]:
-    """Every SQL statement run on this thread's connection inside the block. (Django's
-    CaptureQueriesContext loses a test-client request's queries: request_started resets the
-    log.)"""
+    """Every SQL statement SQLite executed on this thread inside the block, including the
+    runtime's raw-SQL writes (a trace callback on every connection opened meanwhile: a
+    test-client request closes and reopens its connection, and Django's query log and
+    execute wrappers do not see statements run on the raw connection)."""
     statements: list[str] = []
 
-    def record(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
+    def install(sender, connection, **kwargs) -> None:
+        connection.connection.set_trace_callback(statements.append)
 
-    with connection.execute_wrapper(record):
+    connection.ensure_connection()
+    connection.connection.set_trace_callback(statements.append)
+    connection_created.connect(install)
+    try:
         yield statements
+    finally:
+        connection_created.disconnect(install)
+        if connection.connection is not None:
+            connection.connection.set_trace_callback(None)

@@ -4,17 +4,19 @@ interrupted side effects and policy approvals, and deciding them finishes the ru
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db.utils import OperationalError
 
 from demo import world
 from runtime.approvals import approve, pending, resolve
-from runtime.models import Approval, Run
-from tests.procs import ROOT
+from runtime.models import Approval, Run, Worker
+from tests.procs import ROOT, wait_until
 
 
 def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -73,3 +75,28 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path):
     assert done.returncode == 1 and "--chaos" in done.stderr
     assert not (tmp_path / "runtime.sqlite3").exists()
     assert not (tmp_path / "world").exists()
+
+
+def _worker_pids(count: int) -> list[int] | None:
+    try:  # the demo creates the tables first
+        pids = list(Worker.objects.values_list("pid", flat=True))
+    except OperationalError:
+        return None
+    return pids if len(pids) == count else None
+
+
+@pytest.mark.slow
+def test_killing_the_demo_leaves_no_worker_behind(tmp_path, demo_db):
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(RUNTIME_VAR_DIR=str(tmp_path), RUNTIME_DEMO_DIR=str(tmp_path / "world"))
+    demo_proc = subprocess.Popen([sys.executable, "manage.py", "demo", "--no-server", "--runs",
+                                  "0", "--chaos", "0"], cwd=ROOT, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pids = wait_until(lambda: _worker_pids(2), timeout=60, what="two workers")
+    finally:
+        os.kill(demo_proc.pid, signal.SIGKILL)  # no chance to stop its children itself
+        demo_proc.wait(10)
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() and "Z" not in Path(
+        f"/proc/{pid}/stat").read_text().split(") ")[1][:1] for pid in pids), timeout=30,
+        what="the workers to end with their supervisor")

@@ -63,3 +63,13 @@ def test_the_world_page_escapes_what_it_shows_and_needs_a_login(operator, rdb):
     assert "<script>x</script>" not in html and "&lt;script&gt;x&lt;/script&gt;" in html
     anonymous = Client().get("/demo/world/")
     assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+
+
+def test_the_world_page_answers_before_the_demo_ever_ran(rdb, settings, monkeypatch, tmp_path):
+    settings.STORAGES = {**settings.STORAGES, "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "never-set-up"))
+    client = Client()
+    client.force_login(User.objects.create_user("olga"))
+    page = client.get("/demo/world/", {"key": "run1-step2-abc"})
+    assert page.status_code == 200 and "No refund recorded under this key" in page.content.decode()

@@ -123,7 +123,7 @@ def why_rerun(run_id: int) -> str:
 @pytest.mark.slow
 def test_crash_matrix(rdb, tmp_path):
     kit = ProcessKit(rdb, tmp_path, agents="runtime.testkit.agents.AGENTS",
-                     manage=ROOT / "manage.py", lease_seconds=2,
+                     manage=ROOT / "manage.py", lease_seconds=3,
                      env={"RUNTIME_TEST_DIR": str(tmp_path)}, timeout=120)
     cells = plan()
     runs: dict[int, tuple[Cell, str]] = {}

@@ -68,6 +68,7 @@ def charges(kit, run_id: int) -> int:
 
 @pytest.mark.slow
 def test_side_effect_lost_to_a_crash_runs_again_only_when_approved(kit):
+    kit.lease_seconds = 10  # room for a fresh process to start and be refused, even under load
     run = kit.start("charge")
     kit.crash(run, Crash(P.AFTER_TOOL_STARTED, step_index=2))
     refused = kit.resume(run)  # a fresh process, while the dead owner's lease is live

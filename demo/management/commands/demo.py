@@ -31,6 +31,7 @@ from django.db.models import Count
 from demo import world
 from runtime.api import start
 from runtime.models import Approval, ApprovalStatus, Run, RunStatus
+from runtime.procs import die_with_parent
 
 # Where a side-effect call can die: (crash point, step) of the refund desk's two side effects.
 SIDE_EFFECT_POINTS = [("after_tool_started", 2), ("after_tool_dispatched", 2),
@@ -70,8 +71,8 @@ class Command(BaseCommand):
         self.queue(opts["runs"])
         self.children: dict[str, subprocess.Popen] = {}
         self.stopping = False
-        signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGINT, self.on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self.on_signal)
         try:
             if not opts["no_server"]:
                 self.spawn("console", [sys.executable, "-m", "gunicorn", "console.wsgi",
@@ -149,7 +150,8 @@ class Command(BaseCommand):
             env["RUNTIME_CRASH_POINTS"] = json.dumps(arms)
         self.children[name] = subprocess.Popen(args, cwd=settings.BASE_DIR, env=env,
                                                stdin=subprocess.DEVNULL,
-                                               start_new_session=True)
+                                               start_new_session=True,
+                                               preexec_fn=die_with_parent)
         self.worker_specs = getattr(self, "worker_specs", {})
         self.worker_specs[name] = args
 
