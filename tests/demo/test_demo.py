@@ -70,9 +70,14 @@ def test_the_demo_fills_the_queue_with_real_approvals_of_both_kinds(tmp_path, de
         assert sent <= 1 + approved, key
 
 
-def test_bad_options_are_refused_before_anything_is_written(tmp_path):
+def test_bad_options_are_refused_before_anything_is_written(tmp_path, monkeypatch):
     done = demo(tmp_path, "--chaos", "2")
     assert done.returncode == 1 and "--chaos" in done.stderr
+    monkeypatch.delenv("RUNTIME_LLM_BASE_URL", raising=False)
+    monkeypatch.delenv("RUNTIME_LLM_MODEL", raising=False)
+    real_llm = demo(tmp_path, "--llm", "openai")
+    assert real_llm.returncode == 1
+    assert "needs RUNTIME_LLM_BASE_URL, RUNTIME_LLM_MODEL" in real_llm.stderr
     assert not (tmp_path / "runtime.sqlite3").exists()
     assert not (tmp_path / "world").exists()
 
