@@ -257,6 +257,7 @@ def _claim(run: Run, owner: str, now: datetime, expires: datetime) -> Acquired:
                  lease_expires_at=expires, event_seq=seq, event_hash=head, updated_at=now)
         if updated == 1:
             insert_events(rows)
+            crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=run.pk, step_index=None)
     if updated != 1:
         raise _lost_race(run.pk, now)
     log_events(rows)
@@ -296,6 +297,8 @@ def _take_over(run: Run, owner: str, now: datetime, expires: datetime, force: bo
             if step is not None:
                 Step.objects.filter(pk=step.pk).update(status=StepStatus.INTERRUPTED)
             insert_events(rows)
+            crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=run.pk,
+                                step_index=step.index if step is not None else None)
     if updated != 1:
         raise _lost_race(run.pk, now)
     log_events(rows)

@@ -347,3 +347,23 @@ def test_cancelling_a_run_released_mid_decision_ends_its_step(mem):
         cancel(run, "olga", "not needed", clock=mem.clock)
     mem.check()
     assert Step.objects.get(run_id=run).status == "interrupted"
+
+
+@pytest.mark.parametrize("kind", ["charge", "read"])
+def test_a_crash_inside_the_takeover_transaction_leaves_the_run_to_the_next_owner(mem, kind):
+    """The takeover (lease, run.resumed, step.interrupted) is one transaction: dying inside
+    it before the commit stores none of it, and the next owner applies the contract once."""
+    with registry.override(*kit_agents.AGENTS):
+        run = mem.start(kind)
+        mem.crash(run, Crash(P.AFTER_TOOL_STARTED, step_index=2))
+        mem.expire()
+        before = Event.objects.filter(run_id=run).count()
+        mem.crash(run, Crash(P.IN_TRANSACTION, step_index=2))  # inside the takeover
+        assert Event.objects.filter(run_id=run).count() == before  # nothing of it stored
+        assert Step.objects.get(run_id=run, index=2).status == "executing"
+        mem.drain()
+    mem.check()
+    assert Event.objects.filter(run_id=run, kind="step.interrupted").count() == 1
+    status = Run.objects.get(pk=run).status
+    assert status == ("waiting" if kind == "charge" else "succeeded")
+    assert mem.ledger.executions()[(run, 2)] == (0 if kind == "charge" else 1)
