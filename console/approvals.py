@@ -68,6 +68,9 @@ def _decide(request: HttpRequest, approval: Approval) -> HttpResponse:
     form_class = DECISION_FORMS.get(request.POST.get("decision", ""))
     if form_class is None:
         return HttpResponseBadRequest("Unknown decision.")
+    if form_class.decision == "resolve" and approval.kind not in approvals.RESOLVABLE:
+        return HttpResponseBadRequest("Resolve applies to interrupted steps only; a policy "
+                                      "approval is approved or rejected.")
     form = form_class(request.POST)
     if not form.is_valid():
         return _render(request, approval, form=form, status=422)
@@ -123,7 +126,8 @@ def _render(
         "timeline": Step.objects.filter(run_id=approval.run_id, index__lte=approval.step.index)
         .order_by("index"),
         "pending": approval.status == ApprovalStatus.PENDING,
-        "interrupted": approval.kind == ApprovalKind.INTERRUPTED_SIDE_EFFECT,
+        "interrupted": approval.kind == ApprovalKind.INTERRUPTED_SIDE_EFFECT or (
+            approval.kind == ApprovalKind.RECONCILE and approval.effect == "side_effect"),
         "can_decide": can_decide,
         "four_eyes_blocked": blocked,
         "decisions": [forms[name] for name in allowed],

@@ -8,6 +8,9 @@ from typing import Any
 
 from django import forms
 
+from runtime.canonical import check_payload
+from runtime.errors import InvalidPayload
+
 NOTE_MAX = 2000
 
 
@@ -43,10 +46,21 @@ class ResolveForm(DecisionForm):
     def clean_result(self) -> Any:
         text = self.cleaned_data["result"]
         try:
-            return json.loads(text)
+            value = json.loads(text, parse_constant=_refuse_constant)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(
                 f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        try:
+            check_payload("the result", value)  # the runtime's own limits, before it is asked
+        except InvalidPayload as exc:
+            raise forms.ValidationError(exc.reason) from None
+        return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"Not valid JSON: {name} is not a JSON number.")
 
 
 class RejectForm(DecisionForm):

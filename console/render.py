@@ -6,7 +6,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.utils.cache import patch_vary_headers
+from django.utils.cache import patch_cache_control, patch_vary_headers
 
 
 def page(
@@ -19,9 +19,14 @@ def page(
 ) -> HttpResponse:
     """Render ``template``, or ``template#partial`` for an htmx request (a poll or a swap).
 
-    ``Vary: HX-Request`` keeps a browser or proxy cache from serving a fragment as a page.
+    ``Vary: HX-Request`` keeps a browser or proxy cache from serving a fragment as a page;
+    ``no-store`` keeps arguments and results out of caches once the operator has logged out.
     """
-    name = f"{template}#{partial}" if getattr(request, "htmx", False) else template
+    htmx = getattr(request, "htmx", None)
+    # A history restore (Back after a pushed URL that htmx no longer has cached) needs the page.
+    fragment = bool(htmx) and not htmx.history_restore_request
+    name = f"{template}#{partial}" if fragment else template
     response = render(request, name, context, status=status)
     patch_vary_headers(response, ("HX-Request",))
+    patch_cache_control(response, private=True, no_store=True)
     return response

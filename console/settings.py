@@ -5,6 +5,8 @@ Configuration comes from the environment so the same code runs on a laptop (SQLi
 """
 
 import os
+import secrets
+import time
 from pathlib import Path
 
 import dj_database_url
@@ -12,7 +14,33 @@ import dj_database_url
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
+
+
+def _secret_key() -> str:
+    """``DJANGO_SECRET_KEY``, or a random key made once for this install and kept (0600) in
+    ``var/secret_key``, so no deployment ever runs on a key that is public in the source.
+    Several machines serving one console must share a key: set the variable there."""
+    key = os.environ.get("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # another process may be writing it right now
+            key = path.read_text().strip()
+            if key:
+                return key
+            time.sleep(0.01)
+        raise RuntimeError(f"{path} is empty: delete it, or set DJANGO_SECRET_KEY") from None
+    key = secrets.token_urlsafe(50)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    return key
+
+
+SECRET_KEY = _secret_key()
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
 ALLOWED_HOSTS = [
     h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h

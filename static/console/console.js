@@ -51,8 +51,8 @@
 
   function typing(target) {
     var tag = target && target.tagName;
-    return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" ||
-           tag === "BUTTON" || (target && target.isContentEditable);
+    return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" || tag === "BUTTON" ||
+           tag === "A" || tag === "SUMMARY" || (target && target.isContentEditable);
   }
 
   document.addEventListener("keydown", function (event) {

@@ -7,7 +7,10 @@ import json
 
 import pytest
 
+from runtime.agents import registry
 from runtime.models import Approval, Event, Run, Step
+from runtime.testkit import Crash, CrashPoint, InProcessKit, Ledger
+from runtime.testkit import agents as kit_agents
 from tests.console.conftest import XSS, Waiting, client_for, sql_log
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -188,14 +191,21 @@ def test_resolve_stores_the_parsed_json_result(interrupted, operator):
     assert Run.objects.get(pk=w.run.pk).status == "queued"
 
 
-@pytest.mark.parametrize("bad", ["{not json", "", "{'single': 'quotes'}"])
-def test_resolve_with_bad_json_is_a_form_error_and_changes_nothing(interrupted, operator, bad):
+@pytest.mark.parametrize(("bad", "message"), [
+    ("{not json", "Not valid JSON: Expecting property name"),
+    ("", "This field is required"),
+    ("{'single': 'quotes'}", "Not valid JSON: Expecting property name"),
+    ('{"charged": NaN}', "Not valid JSON: NaN is not a JSON number"),
+    ("Infinity", "Not valid JSON: Infinity is not a JSON number"),
+])
+def test_resolve_with_bad_json_is_a_form_error_and_changes_nothing(interrupted, operator, bad,
+                                                                    message):
     w = interrupted()
     before = snapshot(w.run.pk)
     response = decide(operator, w.approval, "resolve", htmx=True, result=bad)
     assert response.status_code == 422
     html = response.content.decode()
-    assert "Not valid JSON" in html or "This field is required" in html
+    assert message in html
     assert "<details id=\"decide-resolve\" class=\"decision decision-resolve\"\n" \
            "                   open>" in html  # the form stays open with its error
     assert snapshot(w.run.pk) == before
@@ -269,3 +279,45 @@ def test_waiting_is_shown(interrupted, operator, clock):
     html = operator.get("/").content.decode()
     assert f'data-id="{w.approval.pk}"' in html
     assert 'title="since 2026-01-01' in html
+
+
+def test_a_null_result_is_recorded_and_shown(interrupted, operator):
+    w = interrupted()
+    assert decide(operator, w.approval, "resolve", result="null").status_code == 302
+    assert Approval.objects.get(pk=w.approval.pk).status == "resolved"
+    html = operator.get(f"/approvals/{w.approval.pk}/").content.decode()
+    assert "Recorded result:" in html
+
+
+def test_a_forged_resolve_of_a_policy_approval_is_400_and_changes_nothing(policy_paused,
+                                                                         operator):
+    w = policy_paused()
+    before = snapshot(w.run.pk)
+    response = operator.post(f"/approvals/{w.approval.pk}/", {
+        "decision": "resolve", "resolve-confirm": "on", "resolve-result": "{}"})
+    assert response.status_code == 400
+    assert "Resolve applies to interrupted steps only" in response.content.decode()
+    assert snapshot(w.run.pk) == before
+
+
+def test_a_back_button_restore_gets_the_whole_page_and_nothing_is_cached(interrupted,
+                                                                        operator):
+    interrupted()
+    restore = operator.get("/", HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    assert "<html" in restore.content.decode()
+    poll = operator.get("/", HTTP_HX_REQUEST="true")
+    assert "<html" not in poll.content.decode()
+    assert "no-store" in restore["Cache-Control"] and "private" in restore["Cache-Control"]
+
+
+def test_a_reconcile_approval_of_a_side_effect_says_the_outcome_is_unknown(operator, tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("RUNTIME_TEST_DIR", str(tmp_path))
+    with registry.override(*kit_agents.AGENTS):
+        kit = InProcessKit(Ledger(tmp_path / "ledger.jsonl"))
+        run = kit.start("reconcile-wait")
+        kit.crash(run, Crash(CrashPoint.AFTER_TOOL_EFFECT, step_index=2))
+        kit.take_over(run)
+    approval = Approval.objects.get(run_id=run, status="pending")
+    assert approval.kind == "reconcile"
+    assert "Outcome unknown." in operator.get(f"/approvals/{approval.pk}/").content.decode()

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from django.test import Client
 
 from tests.console.conftest import PASSWORD, sql_log
+from tests.procs import ROOT
 
 PAGES = ["/", "/pending-count/", "/approvals/1/", "/runs/", "/runs/1/", "/workers/"]
 
@@ -87,3 +92,19 @@ def test_console_pages_write_no_runtime_table(interrupted, operator):
     writes = [s for s in statements if s.lstrip().upper().startswith(("INSERT", "UPDATE",
                                                                       "DELETE"))]
     assert not [s for s in writes if "runtime_" in s], writes
+
+
+def test_the_secret_key_is_made_once_per_install_unless_given(tmp_path):
+    def key(**env: str) -> str:
+        code = ("import os, django; os.environ['DJANGO_SETTINGS_MODULE'] = 'console.settings'; "
+                "django.setup(); from django.conf import settings; print(settings.SECRET_KEY)")
+        environ = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, env={**environ, "RUNTIME_VAR_DIR": str(tmp_path), **env},
+                              timeout=60, check=True)
+        return done.stdout.strip()
+
+    first, again = key(), key()
+    assert first == again and len(first) >= 50
+    assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
+    assert key(DJANGO_SECRET_KEY="from-the-environment") == "from-the-environment"
