@@ -137,6 +137,7 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["at"], name="event_at"),
             models.Index(fields=["kind", "at"], name="event_kind_at"),
+            models.Index(fields=["actor", "at"], name="event_actor_at"),  # the admin's filter
         ]
 
     def __str__(self) -> str:
