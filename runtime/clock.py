@@ -12,9 +12,17 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """Wall-clock time in UTC."""
+    """The time leases are judged by: this machine's clock in UTC on SQLite (one machine), the
+    database server's clock on PostgreSQL, so workers on several machines agree on expiry
+    however far their own clocks drift (design §6)."""
 
     def now(self) -> datetime:
+        from django.db import connection  # per thread: the heartbeat asks on its own
+
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT clock_timestamp()")
+                return cursor.fetchone()[0].astimezone(UTC)
         return datetime.now(UTC)
 
 

@@ -90,3 +90,38 @@ def test_a_killed_workers_side_effect_waits_for_a_person_on_postgres(pg_url, tmp
     assert not (tmp_path / "ledger.jsonl").exists() or "slow_charge" not in (
         tmp_path / "ledger.jsonl").read_text()
     assert manage(pg_url, tmp_path, "verifyaudit").returncode == 0
+
+
+SKEWED_TAKEOVER = """
+import datetime as real, os, django
+os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
+django.setup()
+from runtime import clock
+class Skewed(real.datetime):  # this machine's clock runs two hours fast
+    @classmethod
+    def now(cls, tz=None):
+        return real.datetime.now(tz) + real.timedelta(hours=2)
+clock.datetime = Skewed
+from runtime.errors import RunLeased
+from runtime.store import run_acquire
+try:
+    run_acquire({run_id}, "skewed@elsewhere:1:x", lease_seconds=30, now=clock.SYSTEM_CLOCK.now())
+    print("taken over")
+except RunLeased:
+    print("refused")
+"""
+
+
+def test_a_worker_whose_clock_runs_fast_cannot_take_over_a_live_lease(pg_url, tmp_path):
+    queued = manage(pg_url, tmp_path, "startrun", "slowpay")
+    run_id = int(queued.stdout.split()[1])
+    with psycopg.connect(pg_url) as conn:  # a live lease, by the database server's clock
+        conn.execute("UPDATE runtime_run SET status = 'running', lease_owner = 'w@a:1:x', "
+                     "lease_epoch = 1, lease_expires_at = clock_timestamp() + interval "
+                     "'30 seconds' WHERE id = %s", (run_id,))
+    env = {**os.environ, "DATABASE_URL": pg_url, "RUNTIME_AGENTS": "tests.agents.AGENTS"}
+    done = subprocess.run([sys.executable, "-c", SKEWED_TAKEOVER.format(run_id=run_id)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "refused", done.stdout + done.stderr
+    assert rows(pg_url, "SELECT lease_owner FROM runtime_run WHERE id = %s",
+                run_id) == [("w@a:1:x",)]
