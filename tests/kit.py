@@ -6,7 +6,21 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from runtime import Agent, Budget, FinalAnswer, ScriptedLLM, ToolCall, ToolContext, tool
+import pytest
+
+from runtime import (
+    Agent,
+    Budget,
+    FinalAnswer,
+    ScriptedLLM,
+    ToolCall,
+    ToolContext,
+    crashpoints,
+    resume,
+    tool,
+)
+from runtime.crashpoints import CrashPoint
+from runtime.errors import RunLeased, SimulatedCrash
 from runtime.models import Event, Run
 from runtime.testkit.ledger import Ledger
 
@@ -95,10 +109,41 @@ def make_agent(name: str, script: list, ledger: Ledger, gates: dict[str, Gate] |
     return Agent(name, llm, make_tools(ledger, gates), **kw)
 
 
+def crash_then_take_over(run_id: int, clock, crash, point: CrashPoint, step_index: int,
+                         dead: str = "worker-a", heir: str = "worker-b") -> Run:
+    """Crash ``dead`` at ``point``; check the lease stays with it; take over once it lapses."""
+    crash(point, step_index=step_index)
+    try:
+        with pytest.raises(SimulatedCrash) as info:
+            resume(run_id, owner=dead, clock=clock, lease_seconds=1)
+    finally:
+        crashpoints.disarm()
+    assert info.value.point == str(point)
+    row = Run.objects.get(pk=run_id)
+    assert row.status == "running" and row.lease_owner == dead  # the dead keep it until expiry
+    with pytest.raises(RunLeased):
+        resume(run_id, owner=heir, clock=clock, lease_seconds=1)
+    clock.advance(2)
+    return resume(run_id, owner=heir, clock=clock, lease_seconds=1)
+
+
+def events(run: Run | int, kind: str) -> list[Event]:
+    run_id = run if isinstance(run, int) else run.pk
+    return list(Event.objects.filter(run_id=run_id, kind=kind).order_by("seq"))
+
+
+def kinds_after(run: Run | int, kind: str) -> list[str]:
+    """Event kinds after the last ``kind`` event of the run."""
+    kinds = events_of(run)
+    last = len(kinds) - 1 - kinds[::-1].index(kind)
+    return kinds[last + 1:]
+
+
 def events_of(run: Run | int) -> list[str]:
     run_id = run if isinstance(run, int) else run.pk
     return list(Event.objects.filter(run_id=run_id).order_by("seq").values_list("kind", flat=True))
 
 
-__all__ = ["Background", "Budget", "FinalAnswer", "Gate", "Ledger", "ToolCall", "events_of",
-           "make_agent", "make_tools"]
+__all__ = ["Background", "Budget", "FinalAnswer", "Gate", "Ledger", "ToolCall",
+           "crash_then_take_over", "events", "events_of", "kinds_after", "make_agent",
+           "make_tools"]

@@ -17,8 +17,8 @@ from runtime import Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, 
 from runtime.agents import Agent, registry
 from runtime.api import start
 from runtime.crashpoints import CrashPoint
-from runtime.errors import SimulatedCrash
 from runtime.models import Approval, Run
+from tests import kit
 from tests.kit import Ledger, make_tools
 
 # Markup in a tool's arguments: every page must show it as text, never run it.
@@ -79,14 +79,10 @@ class Waiting:
 
 def crash_then_take_over(run_id: int, clock, point: CrashPoint, step_index: int) -> Run:
     """Crash a run in-process at ``point``; a second owner takes it over after the lease."""
-    crashpoints.arm([crashpoints.Arm(point, step_index)])
-    try:
-        with pytest.raises(SimulatedCrash):
-            resume(run_id, owner="worker-a", clock=clock, lease_seconds=1)
-    finally:
-        crashpoints.disarm()
-    clock.advance(2)
-    return resume(run_id, owner="worker-b", clock=clock, lease_seconds=1)
+    def arm(point: CrashPoint, step_index: int) -> None:
+        crashpoints.arm([crashpoints.Arm(point, step_index)])
+
+    return kit.crash_then_take_over(run_id, clock, arm, point, step_index)
 
 
 def pay_agent(name: str, ledger: Ledger, to: str = XSS) -> Agent:

@@ -17,7 +17,6 @@ from runtime import (
     RequireApproval,
     ScriptedLLM,
     ToolCall,
-    crashpoints,
     resume,
     start,
 )
@@ -27,30 +26,17 @@ from runtime.audit import verify
 from runtime.canonical import request_digest
 from runtime.clock import ManualClock
 from runtime.crashpoints import CrashPoint
-from runtime.errors import ApprovalConflict, InvalidDecision, RunNotResumable, SimulatedCrash
+from runtime.errors import ApprovalConflict, InvalidDecision, RunNotResumable
 from runtime.models import Approval, Event, Run, Step
-from tests.kit import Ledger, events_of, make_agent, make_tools
-
-
-def crash_then_take_over(run_id: int, clock, crash, point: CrashPoint, step_index: int,
-                         dead: str = "worker-a", heir: str = "worker-b") -> Run:
-    crash(point, step_index=step_index)
-    with pytest.raises(SimulatedCrash):
-        resume(run_id, owner=dead, clock=clock, lease_seconds=1)
-    crashpoints.disarm()
-    clock.advance(2)
-    return resume(run_id, owner=heir, clock=clock, lease_seconds=1)
-
-
-def events(run: Run | int, kind: str) -> list[Event]:
-    run_id = run if isinstance(run, int) else run.pk
-    return list(Event.objects.filter(run_id=run_id, kind=kind).order_by("seq"))
-
-
-def kinds_after(run: Run | int, kind: str) -> list[str]:
-    kinds = events_of(run)
-    last = len(kinds) - 1 - kinds[::-1].index(kind)
-    return kinds[last + 1:]
+from tests.kit import (
+    Ledger,
+    crash_then_take_over,
+    events,
+    events_of,
+    kinds_after,
+    make_agent,
+    make_tools,
+)
 
 
 def snapshot(run_id: int) -> tuple:

@@ -23,9 +23,9 @@ from runtime.audit import verify
 from runtime.canonical import request_digest
 from runtime.crashpoints import CrashPoint
 from runtime.errors import RunNotResumable, SimulatedCrash
-from runtime.models import Approval, Event, Run, Step
+from runtime.models import Approval, Step
 from runtime.policy import Request
-from tests.kit import Ledger, events_of, make_tools
+from tests.kit import Ledger, events, events_of, kinds_after, make_tools
 
 SCRIPT = [ToolCall("read", {"key": "k"}), ToolCall("charge", {"amount": 9}), FinalAnswer("done")]
 
@@ -46,15 +46,6 @@ def _agent(name: str, ledger: Ledger, policy: Switchable) -> Agent:
     return Agent(name, ScriptedLLM(SCRIPT), make_tools(ledger), policy=policy)
 
 
-def events(run: Run | int, kind: str) -> list[Event]:
-    run_id = run if isinstance(run, int) else run.pk
-    return list(Event.objects.filter(run_id=run_id, kind=kind).order_by("seq"))
-
-
-def kinds_after(run: Run | int, kind: str) -> list[str]:
-    kinds = events_of(run)
-    last = len(kinds) - 1 - kinds[::-1].index(kind)
-    return kinds[last + 1:]
 
 
 def test_require_approval_pauses_before_the_tool_starts(rdb, tmp_path, clock):

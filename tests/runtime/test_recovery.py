@@ -31,38 +31,20 @@ from runtime.approvals import approve, pending
 from runtime.audit import verify
 from runtime.canonical import request_digest
 from runtime.crashpoints import CrashPoint
-from runtime.errors import LeaseLost, RunLeased, RunNotResumable, SimulatedCrash
+from runtime.errors import LeaseLost, RunNotResumable, SimulatedCrash
 from runtime.lease import LeaseKeeper
 from runtime.models import Approval, Event, Run, Step
-from tests.kit import Background, Gate, Ledger, events_of, make_agent, make_tools
-
-
-def crash_then_take_over(run_id: int, clock, crash, point: CrashPoint, step_index: int,
-                         dead: str = "worker-a", heir: str = "worker-b") -> Run:
-    """Crash ``dead`` at ``point``; check the lease stays with it; take over once it lapses."""
-    crash(point, step_index=step_index)
-    with pytest.raises(SimulatedCrash) as info:
-        resume(run_id, owner=dead, clock=clock, lease_seconds=1)
-    assert info.value.point == str(point)
-    crashpoints.disarm()
-    row = Run.objects.get(pk=run_id)
-    assert row.status == "running" and row.lease_owner == dead  # the dead keep it until expiry
-    with pytest.raises(RunLeased):
-        resume(run_id, owner=heir, clock=clock, lease_seconds=1)
-    clock.advance(2)
-    return resume(run_id, owner=heir, clock=clock, lease_seconds=1)
-
-
-def kinds_after(run: Run | int, kind: str) -> list[str]:
-    """Event kinds after the last ``kind`` event of the run."""
-    kinds = events_of(run)
-    last = len(kinds) - 1 - kinds[::-1].index(kind)
-    return kinds[last + 1:]
-
-
-def events(run: Run | int, kind: str) -> list[Event]:
-    run_id = run if isinstance(run, int) else run.pk
-    return list(Event.objects.filter(run_id=run_id, kind=kind).order_by("seq"))
+from tests.kit import (
+    Background,
+    Gate,
+    Ledger,
+    crash_then_take_over,
+    events,
+    events_of,
+    kinds_after,
+    make_agent,
+    make_tools,
+)
 
 
 def step(run: Run, index: int) -> Step:

@@ -70,6 +70,7 @@ class Command(BaseCommand):
         self.setup()
         self.queue(opts["runs"])
         self.children: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}  # what to run again when a child dies
         self.stopping = False
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self.on_signal)
@@ -152,8 +153,7 @@ class Command(BaseCommand):
                                                stdin=subprocess.DEVNULL,
                                                start_new_session=True,
                                                preexec_fn=die_with_parent)
-        self.worker_specs = getattr(self, "worker_specs", {})
-        self.worker_specs[name] = args
+        self.commands[name] = args
 
     def status(self) -> str:
         counts = dict(Run.objects.values_list("status").order_by().annotate(n=Count("pk")))
@@ -177,7 +177,7 @@ class Command(BaseCommand):
                     raise CommandError(f"the console server exited with status {code}")
                 how = "was killed (SIGKILL)" if code == -signal.SIGKILL else f"exited {code}"
                 self.stdout.write(f"{name} {how}; restarting it")
-                self.spawn(name, self.worker_specs[name], arm=True)
+                self.spawn(name, self.commands[name], arm=True)
             if self.opts["until_quiet"] and not Run.objects.filter(
                     status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists():
                 self.stdout.write("quiet: no run is queued or running")
