@@ -114,6 +114,10 @@ def _database() -> dict:
         config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
         # Tests use files too: WAL and the heartbeat's own connection need a shared file.
         config.setdefault("TEST", {"NAME": str(VAR_DIR / "test-runtime.sqlite3")})
+        # Writers queue on a flock instead of sleeping in SQLite's busy handler (the runtime's
+        # backend, runtime/backends/sqlite3); RUNTIME_SQLITE_WRITER_QUEUE=0 turns that off.
+        if os.environ.get("RUNTIME_SQLITE_WRITER_QUEUE", "1") != "0":
+            config["ENGINE"] = "runtime.backends.sqlite3"
     return config
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -121,12 +121,16 @@ _insert_sql: dict[int, str] = {}
 def insert_events(rows: Sequence[EventRow]) -> None:
     """Insert chained rows in one statement, on this thread's connection (the caller's
     transaction). Payloads are stored as their canonical JSON text; the JSON field reads it."""
+    prepare_events(rows)()
+
+
+def prepare_events(rows: Sequence[EventRow]) -> Callable[[], None]:
+    """``insert_events(rows)`` prepared: SQL and parameters built now, run when called."""
     if not rows:
-        return
+        return lambda: None
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor != "sqlite":
-        _insert_with_orm(rows)
-        return
+        return lambda: _insert_with_orm(rows)
     sql = _insert_sql.get(len(rows))
     if sql is None:
         sql = _insert_sql[len(rows)] = _INSERT_HEAD + ",".join(["(?,?,?,?,?,?,?,?)"] * len(rows))
@@ -134,9 +138,13 @@ def insert_events(rows: Sequence[EventRow]) -> None:
     for r in rows:
         params += (r.run_id, r.step_index, r.seq, r.kind, r.payload_text, r.actor,
                    db_datetime(db, r.at), r.hash)
-    db.ensure_connection()
-    with db.wrap_database_errors:
-        db.connection.execute(sql, params)
+
+    def insert() -> None:
+        db.ensure_connection()
+        with db.wrap_database_errors:
+            db.connection.execute(sql, params)
+
+    return insert
 
 
 _adapted: list[Any] = [None, None]  # the last datetime adapted and its text

@@ -61,9 +61,12 @@ class Tx:
     now: datetime
     specs: list[EventSpec] = field(default_factory=list)
     run_fields: dict[str, Any] = field(default_factory=dict)
-    writes: list[Any] = field(default_factory=list)
+    # Row writes: each a callable that prepares its statement (before the transaction) and
+    # returns what runs it (inside); ``late_payloads`` when one puts an id into a payload.
+    writes: list[Callable[[], Callable[[], Any]]] = field(default_factory=list)
     after: list[tuple[CrashPoint, int | None]] = field(default_factory=list)
     gated: bool = False
+    late_payloads: bool = False
     step_fields: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def event(self, kind: str, payload: dict[str, Any], step: int | None = None) -> dict:
@@ -81,14 +84,31 @@ class Tx:
             pending.update(fields)
             return
         self.step_fields[id(step)] = pending = dict(fields)
-        self.writes.append(lambda: step_write(step, pending))
+        self.prepare(lambda: step_write(step, pending))
 
     def crash_after(self, point: CrashPoint, step: int | None) -> None:
         self.after.append((point, step))
 
-    def run_writes(self) -> None:
-        for write in self.writes:
-            write()
+    def prepare(self, preparer: Callable[[], Callable[[], Any]]) -> None:
+        """A row write whose statement ``preparer`` builds before the transaction begins."""
+        self.writes.append(preparer)
+
+    def write(self, write: Callable[[], Any], *, puts_ids_in_payloads: bool = False) -> None:
+        """A row write run as it is inside the transaction (through the ORM)."""
+        self.writes.append(lambda: write)
+        self.late_payloads = self.late_payloads or puts_ids_in_payloads
+
+    def prepared_writes(self) -> Callable[[], None] | None:
+        """The row writes with their statements built, to run inside the transaction."""
+        if not self.writes:
+            return None
+        ready = [prepare() for prepare in self.writes]
+
+        def run() -> None:
+            for write in ready:
+                write()
+
+        return run
 
 
 class Driver:
@@ -145,7 +165,8 @@ class Driver:
             keeper = LeaseKeeper(self.lease_seconds, clock=self.clock).start()
         keeper.add(acquired.lease)
         try:
-            Execution(self, acquired.lease, acquired.run, should_stop).execute()
+            Execution(self, acquired.lease, acquired.run, should_stop,
+                      first_claim=not (acquired.resumed or acquired.taken_over)).execute()
         finally:
             keeper.discard(acquired.lease)
             if own_keeper:
@@ -157,11 +178,13 @@ class Execution:
     """The state of one run while this process holds its lease."""
 
     def __init__(self, driver: Driver, lease: Lease, run: Run,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+                 should_stop: Callable[[], bool] | None = None, first_claim: bool = False) -> None:
         self.driver, self.lease, self.run = driver, lease, run
         self.should_stop = should_stop or (lambda: False)
         self.clock = driver.clock
-        self.steps: list[Step] = list(Step.objects.filter(run_id=run.pk).order_by("index"))
+        # A run claimed for the first time has no steps yet: nothing to read.
+        self.steps: list[Step] = [] if first_claim else list(
+            Step.objects.filter(run_id=run.pk).order_by("index"))
         self.transcript = Transcript(run.pk, run.agent, run.input, [
             _entry(s) for s in self.steps
             if s.tool and s.status in (StepStatus.SUCCEEDED, StepStatus.FAILED)
@@ -200,7 +223,8 @@ class Execution:
         if tx.gated and self.lease.lost:
             raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
         lease_commit(self.lease, tx.specs, now=tx.now, run_fields=tx.run_fields,
-                     writes=tx.run_writes if tx.writes else None, require_unexpired=tx.gated)
+                     writes=tx.prepared_writes(), require_unexpired=tx.gated,
+                     late_payloads=tx.late_payloads)
         for point, step in tx.after:
             crashpoints.reached(point, run_id=self.run.pk, step_index=step)
 
@@ -225,7 +249,7 @@ class Execution:
         step = Step(run_id=self.run.pk, index=index, status=StepStatus.DECIDING,
                     idempotency_key=key, started_at=tx.now)
         tx.event("step.started", {"idempotency_key": key}, index)
-        tx.writes.append(lambda: step_insert(step))
+        tx.prepare(lambda: step_insert(step))
         if ask_llm:
             self.request_llm(tx, step)
         tx.crash_after(CrashPoint.AFTER_STEP_STARTED, index)
@@ -321,7 +345,7 @@ class Execution:
         if approval is not None:
             tx.event("approval.consumed", {"approval_id": approval.pk, "kind": approval.kind,
                                            "decided_by": approval.decided_by}, idx)
-            tx.writes.append(lambda: _consume(approval, tx.now))
+            tx.write(lambda: _consume(approval, tx.now))
         tx.event("step.tool_started", {"tool": tool.name, "effect": tool.effect,
                                        "attempt": attempt, "dispatches": tool.dispatches,
                                        **why}, idx)
@@ -403,7 +427,7 @@ class Execution:
                 detail=detail, created_at=tx.now)
             payload["approval_id"] = approval.pk
 
-        tx.writes.append(create)
+        tx.write(create, puts_ids_in_payloads=True)
         tx.step_update(step, status=step_status)
         tx.event("run.paused", {"reason": kind}, step.index)
         self.release(tx, RunStatus.WAITING)
@@ -414,7 +438,7 @@ class Execution:
         """An approved request that will not run after all: the approval is cancelled."""
         tx.event("approval.cancelled", {"approval_id": approval.pk, "reason": reason},
                  approval.step.index)
-        tx.writes.append(lambda: Approval.objects.filter(
+        tx.write(lambda: Approval.objects.filter(
             pk=approval.pk, status=ApprovalStatus.APPROVED).update(
             status=ApprovalStatus.CANCELLED))
 

@@ -90,7 +90,8 @@ class Run(models.Model):
 
 
 class Step(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="steps")
+    # No index of its own: the unique (run, index) constraint's index leads with run.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="steps", db_index=False)
     index = models.IntegerField()
     status = models.CharField(max_length=16, choices=StepStatus.choices)
     # The decided request; empty tool means the LLM gave its final answer at this step.
@@ -121,7 +122,9 @@ class Step(models.Model):
 class Event(models.Model):
     """One entry of the append-only audit log; the database refuses UPDATE and DELETE."""
 
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events")
+    # No index of its own: the unique (run, seq) constraint's index leads with run; one index
+    # fewer to write for every event.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events", db_index=False)
     step_index = models.IntegerField(null=True, blank=True)
     seq = models.BigIntegerField()
     kind = models.CharField(max_length=40)

@@ -4,6 +4,7 @@ its audit events; claims and lease writes are compare-and-set UPDATEs checked by
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,7 +15,15 @@ from django.db.models import DecimalField, F, JSONField, Value
 from django.db.models.expressions import CombinedExpression
 
 from . import crashpoints
-from .audit import EventRow, EventSpec, build_events, db_datetime, insert_events, log_events
+from .audit import (
+    EventRow,
+    EventSpec,
+    build_events,
+    db_datetime,
+    insert_events,
+    log_events,
+    prepare_events,
+)
 from .canonical import check_payload
 from .crashpoints import CrashPoint
 from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
@@ -53,26 +62,30 @@ def lease_commit(
     run_fields: dict[str, Any] | None = None,
     writes: Callable[[], None] | None = None,
     require_unexpired: bool = False,
+    late_payloads: bool = False,
 ) -> list[EventRow]:
     """Commit a state change and its events, only while ``lease`` still holds the run.
 
     ``require_unexpired`` adds the wall-clock check that a tool start or an LLM request needs.
     Raises ``LeaseLost`` (nothing written) when the compare-and-set finds another owner, a newer
     epoch, a moved chain head or, if required, an expired lease.
+
+    The events are chained and every statement is prepared before the transaction begins, so
+    the write lock is held for the statements and the flush only; ``late_payloads`` says that
+    ``writes`` put generated ids into the payloads, so the events are built after them.
     """
+    unexpired_at = now if require_unexpired else None
+    prepared = None if late_payloads else _prepare(lease, specs, now, run_fields, unexpired_at)
     try:
         with transaction.atomic():
-            # Row writes go first so they can put generated ids into event payloads; if the
-            # compare-and-set below fails they are rolled back with everything else.
             if writes is not None:
                 writes()
-            rows, seq, head = build_events(lease.run_id, lease.seq, lease.head, specs,
-                                           lease.owner, now)
-            fields = {"event_seq": seq, "event_hash": head, "updated_at": now,
-                      **(run_fields or {})}
-            if _lease_update(lease, fields, now if require_unexpired else None) != 1:
+            if prepared is None:
+                prepared = _prepare(lease, specs, now, run_fields, unexpired_at)
+            rows, seq, head, update, insert = prepared
+            if update() != 1:
                 raise _CasFailed
-            insert_events(rows)
+            insert()
             crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=lease.run_id,
                                 step_index=_last_step_index(specs))
     except Exception as exc:
@@ -87,14 +100,24 @@ def lease_commit(
     return rows
 
 
+def _prepare(lease: Lease, specs: Sequence[EventSpec], now: datetime,
+             run_fields: dict[str, Any] | None, unexpired_at: datetime | None) -> tuple:
+    """(rows, seq, head, run update, event insert): the commit's chain and statements."""
+    rows, seq, head = build_events(lease.run_id, lease.seq, lease.head, specs, lease.owner, now)
+    fields = {"event_seq": seq, "event_hash": head, "updated_at": now, **(run_fields or {})}
+    return rows, seq, head, _lease_update(lease, fields, unexpired_at), prepare_events(rows)
+
+
 # The loop's compare-and-set, written as SQL once per shape of change: building the same UPDATE
 # through the ORM on every commit cost more CPU than the commit's own flush.
 _run_update_sql: dict[tuple, str] = {}
 
 
-def _lease_update(lease: Lease, fields: dict[str, Any], unexpired_at: datetime | None) -> int:
-    """UPDATE the run where owner, epoch and chain head still match (and, if given, the lease
-    is unexpired at ``unexpired_at``); the row count says whether the lease held."""
+def _lease_update(lease: Lease, fields: dict[str, Any],
+                  unexpired_at: datetime | None) -> Callable[[], int]:
+    """The UPDATE of the run where owner, epoch and chain head still match (and, if given, the
+    lease is unexpired at ``unexpired_at``), prepared; run it for the row count that says
+    whether the lease held."""
     db = connections[DEFAULT_DB_ALIAS]
     shape, params = _set_params(db, fields) if db.vendor == "sqlite" else (None, [])
     if shape is None:  # not SQLite, or an expression the fast path does not write: the ORM
@@ -102,7 +125,7 @@ def _lease_update(lease: Lease, fields: dict[str, Any], unexpired_at: datetime |
                                 "lease_epoch": lease.epoch, "event_seq": lease.seq}
         if unexpired_at is not None:
             cond["lease_expires_at__gt"] = unexpired_at
-        return Run.objects.filter(**cond).update(**fields)
+        return lambda: Run.objects.filter(**cond).update(**fields)
     key = (shape, unexpired_at is not None)
     sql = _run_update_sql.get(key)
     if sql is None:
@@ -110,9 +133,15 @@ def _lease_update(lease: Lease, fields: dict[str, Any], unexpired_at: datetime |
     params += [lease.run_id, lease.owner, lease.epoch, lease.seq]
     if unexpired_at is not None:
         params.append(db_datetime(db, unexpired_at))
+    return lambda: execute(sql, params).rowcount
+
+
+def execute(sql: str, params: Sequence[Any]) -> Any:
+    """Run one prepared statement on this thread's connection; returns the sqlite3 cursor."""
+    db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
     with db.wrap_database_errors:
-        return db.connection.execute(sql, params).rowcount
+        return db.connection.execute(sql, params)
 
 
 _RUN_FIELDS = {f.name: f for f in Run._meta.concrete_fields}
@@ -381,12 +410,12 @@ _STEP_FIELDS = {f.name: f for f in Step._meta.concrete_fields}
 _step_sql: dict[tuple[str, ...], str] = {}
 
 
-def step_write(step: Step, fields: dict[str, Any]) -> None:
-    """UPDATE one step row (inside the caller's transaction) with ``fields``."""
+def step_write(step: Step, fields: dict[str, Any]) -> Callable[[], None]:
+    """The UPDATE of one step row with ``fields``, prepared: run it in the caller's
+    transaction."""
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor != "sqlite":
-        Step.objects.filter(pk=step.pk).update(**fields)
-        return
+        return lambda: Step.objects.filter(pk=step.pk).update(**fields)
     names = tuple(fields)
     sql = _step_sql.get(names)
     if sql is None:
@@ -394,31 +423,46 @@ def step_write(step: Step, fields: dict[str, Any]) -> None:
         sql = _step_sql[names] = f'UPDATE "runtime_step" SET {sets} WHERE "id" = ?'
     params = [_step_value(db, n, v) for n, v in fields.items()]
     params.append(step.pk)
-    db.ensure_connection()
-    with db.wrap_database_errors:
-        db.connection.execute(sql, params)
+    return lambda: execute(sql, params)
 
 
-def step_insert(step: Step) -> None:
-    """INSERT a new step row (inside the caller's transaction) and give ``step`` its id."""
+def step_insert(step: Step) -> Callable[[], None]:
+    """The INSERT of a new step row, prepared: run it in the caller's transaction and
+    ``step`` gets its id."""
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor != "sqlite":
-        step.save(force_insert=True)
-        return
-    fields = [f for f in Step._meta.concrete_fields if not f.primary_key]
+        return lambda: step.save(force_insert=True)
     sql = _step_sql.get(("+insert",))
     if sql is None:
-        cols = ", ".join(f'"{f.column}"' for f in fields)
-        marks = ", ".join("?" * len(fields))
+        cols = ", ".join(f'"{f.column}"' for f in _STEP_INSERT_FIELDS)
+        marks = ", ".join("?" * len(_STEP_INSERT_FIELDS))
         sql = _step_sql[("+insert",)] = f'INSERT INTO "runtime_step" ({cols}) VALUES ({marks})'
-    params = [_step_value(db, f.name, getattr(step, f.attname)) for f in fields]
-    db.ensure_connection()
-    with db.wrap_database_errors:
-        step.pk = db.connection.execute(sql, params).lastrowid
-    step._state.adding, step._state.db = False, db.alias
+    params = [_step_value(db, f.name, getattr(step, f.attname)) for f in _STEP_INSERT_FIELDS]
+
+    def insert() -> None:
+        step.pk = execute(sql, params).lastrowid
+        step._state.adding, step._state.db = False, db.alias
+
+    return insert
+
+
+_STEP_INSERT_FIELDS = [f for f in Step._meta.concrete_fields if not f.primary_key]
+
+
+# Plain values (text, numbers, booleans, ids) go to SQLite as they are; JSON is written as the
+# JSON field writes it on SQLite (json.dumps, SQL NULL for None) and datetimes as the backend
+# adapts them. Anything else takes the field's own conversion.
+_PLAIN = (str, int, float, type(None))
 
 
 def _step_value(db: Any, name: str, value: Any) -> Any:
     if isinstance(value, datetime):
         return db_datetime(db, value)
+    if name in _STEP_JSON:
+        return None if value is None else json.dumps(value)
+    if type(value) in _PLAIN or type(value) is bool:
+        return value
     return _STEP_FIELDS[name].get_db_prep_save(value, db)
+
+
+_STEP_JSON = frozenset(n for n, f in _STEP_FIELDS.items() if isinstance(f, JSONField))

@@ -26,7 +26,7 @@ def point_default_at(path: Path | str) -> None:
 def bench_database(keep: bool = False) -> Iterator[Path]:
     """Point Django's default connection at a fresh migrated file in ``var/bench-<pid>/``."""
     default = settings.DATABASES["default"]
-    if default["ENGINE"] != "django.db.backends.sqlite3":
+    if connections["default"].vendor != "sqlite":
         raise RuntimeError("the bench measures SQLite; DATABASE_URL points elsewhere")
     var = Path(getattr(settings, "VAR_DIR", Path(settings.BASE_DIR) / "var"))
     directory = var / f"bench-{os.getpid()}"

@@ -46,7 +46,18 @@ def test_burst_drains_the_queue_and_exits_zero(rdb, tmp_path, spawn):
     assert _ledger(tmp_path).count("noop") == 30
     assert not WorkerRow.objects.exists()  # removed on a clean exit
     out = worker.output()
-    assert f"run={runs[0].pk} #" in out and "step.tool_finished step=1 actor=worker@" in out
+    # The default shows each run's lifecycle; the events themselves are in the audit log.
+    assert f"run={runs[0].pk} owner=worker@" in out and " left succeeded" in out
+    assert f"run={runs[0].pk} #" not in out
+
+
+def test_verbosity_2_logs_every_recorded_event(rdb, tmp_path, spawn):
+    with _agents():
+        run = start("steps5", {})
+    worker = spawn("--burst", "-v", "2")
+    assert worker.wait() == 0, worker.output()
+    out = worker.output()
+    assert f"run={run.pk} #" in out and "step.tool_finished step=1 actor=worker@" in out
 
 
 def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(rdb, tmp_path, spawn):

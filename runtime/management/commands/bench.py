@@ -22,11 +22,13 @@ from django.db import connections
 from runtime.benchkit import procs, report, scale
 from runtime.benchkit.ceiling import ceiling
 from runtime.benchkit.db import bench_database, point_default_at
+from runtime.benchkit.floor import cpu_scaling, floor
 from runtime.benchkit.steps import durable_steps
 
 # (default, --quick) sizes: the default run stays under 3 minutes, --quick under 30 s.
 SIZES: dict[str, tuple[Any, Any]] = {
     "ceiling_seconds": (1.5, 0.3),
+    "cpu_seconds": (1.0, 0.3),
     "step_runs": (40, 6),
     "worker_runs": (100, 10),
     "approvals": (200, 20),
@@ -81,20 +83,28 @@ class Command(BaseCommand):
         r: dict[str, Any] = {"quick": quick, "machine": {
             "sqlite": sqlite3.sqlite_version, "python": platform.python_version(),
             "cpus": os.cpu_count() or 1, "directory": str(directory)}}
-        samples = []
-        self.step("ceiling and durable steps")
-        samples.append(ceiling(directory, size["ceiling_seconds"]))
+        samples, floors = [], []
+
+        def disk() -> None:  # the ceiling and the floor, between the runtime's own sections
+            samples.append(ceiling(directory, size["ceiling_seconds"]))
+            floors.append(floor(template, directory, size["ceiling_seconds"]))
+
+        self.step("ceiling, floor and durable steps")
+        disk()
         steps = []
         for agent, effect in (("bench_read", "read_only"), ("bench_write", "side_effect")):
             steps.append({"effect": effect, **durable_steps(agent, size["step_runs"])})
-            samples.append(ceiling(directory, size["ceiling_seconds"]))
+            disk()
         r["ceiling"] = {"commits_per_s": statistics.median(samples), "samples": samples}
+        r["floor"] = {"steps_per_s": statistics.median(floors), "samples": floors}
         for s in steps:
             s["efficiency"] = s["steps_per_s"] * s["commits_per_step"] / r["ceiling"][
                 "commits_per_s"]
         r["steps"] = steps
         logs = directory / "logs"
         logs.mkdir(exist_ok=True)
+        self.step("cpu scaling")
+        r["cpu_scaling"] = cpu_scaling(size["cpu_seconds"])
         r["concurrency"] = []
         for processes, threads in CONFIGS:
             self.step(f"{processes} process(es) x {threads} thread(s)")

@@ -41,7 +41,7 @@ class Command(BaseCommand):
         if opts["seconds"] <= 0 or opts["lease_seconds"] <= 0 or opts["tool_seconds"] < 0:
             raise CommandError("--seconds and --lease-seconds must be positive, "
                                "--tool-seconds not negative")
-        if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+        if connections["default"].vendor != "sqlite":
             raise CommandError("the soak runs on the embedded SQLite default; unset DATABASE_URL")
         keep = opts["dir"] is not None
         if keep:

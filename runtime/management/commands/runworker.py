@@ -16,11 +16,15 @@ from runtime.errors import UnknownAgent
 from runtime.worker import Worker
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+# One line per recorded event repeats the audit log on stdout and cost a quarter of a busy
+# worker's CPU: shown from -v 2 on; -v 1 shows each run's claims, takeovers and endings.
+EVENT_LEVELS = {0: logging.WARNING, 1: logging.WARNING}
 
 
 class Command(BaseCommand):
     help = ("Claim queued runs (oldest first), take over runs whose owner died, and execute "
-            "them. SIGTERM/SIGINT: stop claiming, finish calls in flight, release, exit 0.")
+            "them. SIGTERM/SIGINT: stop claiming, finish calls in flight, release, exit 0. "
+            "-v 1 logs each run's claim and end, -v 2 also every event it records.")
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--concurrency", type=int, default=1, help="threads (default 1)")
@@ -42,6 +46,8 @@ class Command(BaseCommand):
         except UnknownAgent as exc:
             raise CommandError(str(exc)) from None
         logging.getLogger("runtime").setLevel(LEVELS.get(opts["verbosity"], logging.INFO))
+        logging.getLogger("runtime.events").setLevel(
+            EVENT_LEVELS.get(opts["verbosity"], logging.INFO))
         crashpoints.arm_from_env()  # the crash test kit arms this process through its env
         worker = Worker(
             name=opts["name"], concurrency=opts["concurrency"],
