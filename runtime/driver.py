@@ -153,11 +153,14 @@ class Driver:
                                 step_index=acquired.interrupted_step)
         return acquired
 
-    def execute(self, acquired: Acquired, should_stop: Callable[[], bool] | None = None) -> Run:
+    def execute(self, acquired: Acquired, should_stop: Callable[[], bool] | None = None,
+                *, reload: bool = True) -> Run:
         """Execute an acquired run, heartbeating its lease, until it pauses or ends.
 
         ``should_stop`` is polled between steps; when it turns true the run is released
         (``run.released``, queued again) at the next point where nothing is in flight.
+        Returns the run read back from the database, or with ``reload=False`` the claimed
+        run object with only its status brought up to date (a worker needs no more).
         """
         keeper = self.keeper
         own_keeper = keeper is None
@@ -165,12 +168,16 @@ class Driver:
             keeper = LeaseKeeper(self.lease_seconds, clock=self.clock).start()
         keeper.add(acquired.lease)
         try:
-            Execution(self, acquired.lease, acquired.run, should_stop,
-                      first_claim=not (acquired.resumed or acquired.taken_over)).execute()
+            execution = Execution(self, acquired.lease, acquired.run, should_stop,
+                                  first_claim=not (acquired.resumed or acquired.taken_over))
+            execution.execute()
         finally:
             keeper.discard(acquired.lease)
             if own_keeper:
                 keeper.stop()
+        if not reload:
+            acquired.run.status = execution.status
+            return acquired.run
         return Run.objects.get(pk=acquired.run.pk)
 
 
@@ -194,6 +201,7 @@ class Execution:
         self.tokens = run.tokens_in + run.tokens_out
         self.cost = Decimal(run.cost)
         self.agent: Agent | None = None
+        self.status: str = run.status  # as last committed by this execution
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -225,6 +233,7 @@ class Execution:
         lease_commit(self.lease, tx.specs, now=tx.now, run_fields=tx.run_fields,
                      writes=tx.prepared_writes(), require_unexpired=tx.gated,
                      late_payloads=tx.late_payloads)
+        self.status = tx.run_fields.get("status", self.status)
         for point, step in tx.after:
             crashpoints.reached(point, run_id=self.run.pk, step_index=step)
 

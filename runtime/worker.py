@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Sequence
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+from .backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
+from .backends.sqlite3.base import writer_stats
 from .clock import SYSTEM_CLOCK, Clock
 from .driver import Driver
 from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
@@ -64,7 +67,10 @@ class Worker:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._active: dict[int, tuple[threading.Thread, Lease]] = {}
+        # Run id -> (set when the run is done here, its lease), for every run in flight.
+        self._active: dict[int, tuple[threading.Event, Lease]] = {}
+        self._slots: list[_Slot] = []
+        self._free: list[_Slot] = []
         self.finished = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -73,6 +79,8 @@ class Worker:
         """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code."""
         self._register()
         self.keeper.start()
+        self._slots = [_Slot(self, n) for n in range(self.concurrency)]
+        self._free = list(self._slots)
         log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s", self.owner,
                  self.concurrency, self.lease_seconds, self.poll_interval,
                  f", agents {', '.join(self.agents)}" if self.agents else "")
@@ -116,18 +124,22 @@ class Worker:
         if pending:
             log.info("worker %s: waiting up to %.0fs for %d run(s) in flight", self.owner,
                      self.grace_seconds, len(pending))
-        for _run_id, (thread, _lease) in pending:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for _run_id, (done, _lease) in pending:
+            done.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            stuck = [(run_id, lease) for run_id, (t, lease) in self._active.items() if t.is_alive()]
+            stuck = [(run_id, lease) for run_id, (done, lease) in self._active.items()
+                     if not done.is_set()]
         for run_id, lease in stuck:
             released = run_release(lease, now=self.clock.now(),
                                    reason="worker stopped after its grace period")
             log.warning("run=%s owner=%s %s after the grace period", run_id, self.owner,
                         "released" if released else "already lost")
+        for slot in self._slots:
+            slot.stop()  # a slot stuck in a call it never returns from dies with the process
         self.keeper.stop()
         WorkerRow.objects.filter(owner=self.owner).delete()
-        log.info("worker %s stopped (%d runs handled)", self.owner, self.finished)
+        log.info("worker %s stopped (%d runs handled)%s", self.owner, self.finished,
+                 _writer_summary())
         connection.close()
 
     # -- claiming -----------------------------------------------------------------------------
@@ -190,30 +202,32 @@ class Worker:
 
     def _start(self, acquired: Acquired) -> None:
         run_id = acquired.run.pk
-        thread = threading.Thread(target=self._execute, args=(acquired,), daemon=True,
-                                  name=f"run-{run_id}")
         with self._lock:
-            self._active[run_id] = (thread, acquired.lease)
+            self._active[run_id] = (threading.Event(), acquired.lease)
+            slot = self._free.pop()  # a slot is free: fewer runs than slots are in flight
         log.info("run=%s owner=%s %s", run_id, self.owner,
                  "taken over" if acquired.taken_over else "claimed")
-        thread.start()
+        slot.give(acquired)
 
-    def _execute(self, acquired: Acquired) -> None:
+    def _execute(self, slot: _Slot, acquired: Acquired) -> None:
         run_id = acquired.run.pk
         try:
-            run = self.driver.execute(acquired, should_stop=self._stop.is_set)
+            run = self.driver.execute(acquired, should_stop=self._stop.is_set, reload=False)
             log.info("run=%s owner=%s left %s", run_id, self.owner, run.status)
         except LeaseLost as exc:
             log.warning("run=%s owner=%s stopped: %s", run_id, self.owner, exc.reason)
         except Exception:
             # A bug or a database failure: leave the lease to expire, so the run is taken over
-            # and the interruption contract decides what to do with its step.
+            # and the interruption contract decides what to do with its step. The slot's next
+            # run starts on a new connection.
             log.exception("run=%s owner=%s crashed; its lease will expire", run_id, self.owner)
-        finally:
             connection.close()
+        finally:
             with self._lock:
-                self._active.pop(run_id, None)
+                done, _lease = self._active.pop(run_id)
+                self._free.append(slot)
                 self.finished += 1
+            done.set()
             self._wake.set()
 
     # -- the Worker row -----------------------------------------------------------------------
@@ -228,3 +242,43 @@ class Worker:
     def _beat(self) -> None:
         WorkerRow.objects.filter(owner=self.owner).update(
             heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))
+
+
+def _writer_summary() -> str:
+    """How this process used SQLite's single writer (with the runtime's backend)."""
+    if not isinstance(connections[DEFAULT_DB_ALIAS], QueuedSQLite):
+        return ""
+    w = writer_stats()
+    n = max(w.transactions, 1)
+    return (f"; write lock: {w.transactions} transactions, held {w.held:.3f} s "
+            f"({w.held / n * 1000:.3f} ms each), waited {w.waited:.3f} s "
+            f"({w.waited / n * 1000:.3f} ms each)")
+
+
+class _Slot:
+    """One of a worker's ``concurrency`` executor threads. It lives as long as the worker and
+    keeps its database connection, so a run costs neither a thread nor a connection."""
+
+    def __init__(self, worker: Worker, number: int) -> None:
+        self.worker = worker
+        self._inbox: queue.SimpleQueue[Acquired | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, daemon=True,
+                                       name=f"{worker.name}-slot{number}")
+        self.thread.start()
+
+    def give(self, acquired: Acquired) -> None:
+        self._inbox.put(acquired)
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+
+    def _loop(self) -> None:
+        try:
+            while (acquired := self._inbox.get()) is not None:
+                try:
+                    self.worker._execute(self, acquired)
+                except BaseException:  # what ended a run's own thread before: not the slot
+                    log.exception("run=%s: stopped by a BaseException", acquired.run.pk)
+                    connection.close()
+        finally:
+            connection.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -27,6 +28,15 @@ from .db import subprocess_env
 from .steps import create_runs
 
 LOCKED = "database is locked"
+_WRITER = re.compile(r"write lock: (\d+) transactions, held ([\d.]+) s .*waited ([\d.]+) s")
+
+
+def writer_use(outputs: list[str]) -> tuple[int, float, float]:
+    """(write transactions, seconds holding the write lock, seconds waiting for it), summed
+    over the workers' own accounts (their stop line)."""
+    found = [m for o in outputs for m in _WRITER.finditer(o)]
+    return (sum(int(m[1]) for m in found), sum(float(m[2]) for m in found),
+            sum(float(m[3]) for m in found))
 
 
 class WorkerProc:
@@ -133,6 +143,7 @@ def throughput(db: Path, log_dir: Path, *, processes: int, threads: int, runs: i
               if rows else 0.0)
     latencies = [(f - s).total_seconds() * 1000 for s, f in rows]
     outputs = [w.output() for w in workers]
+    transactions, held, waited = writer_use(outputs)
     return {
         "processes": processes, "threads": threads, "runs": runs, "steps": len(rows),
         "succeeded": done, "exit_codes": codes, "overran": any(w.overran for w in workers),
@@ -142,6 +153,10 @@ def throughput(db: Path, log_dir: Path, *, processes: int, threads: int, runs: i
         / max(1, counted),
         "locked_errors": sum(o.count(LOCKED) for o in outputs),
         "tracebacks": sum(o.count("Traceback") for o in outputs),
+        # The share of the window some worker held SQLite's one write lock, and how long a
+        # write transaction waited for it on average.
+        "writer_busy": held / window if window else 0.0,
+        "writer_wait_ms": 1000 * waited / max(transactions, 1),
     }
 
 

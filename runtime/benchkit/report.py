@@ -82,10 +82,14 @@ def writer_limit(r: dict[str, Any]) -> str:
         prev, cur = flat
         disk = cur["steps_per_s"] * cps / ceiling
         busy = cur["cpu_ms_per_step"] * cur["steps_per_s"] / 1000 / cpus
-        why = (f"the disk: commits run at {disk:.0%} of the ceiling" if disk > 0.7
+        writer = cur.get("writer_busy", 0.0)
+        why = (f"the single writer: the write lock is held {writer:.0%} of the time "
+               f"(one process alone holds it {prev.get('writer_busy', 0.0):.0%}), each write "
+               f"waits {cur.get('writer_wait_ms', 0.0):.2f} ms for it" if writer > 0.7
+               else f"the disk: commits run at {disk:.0%} of the ceiling" if disk > 0.7
                else f"the CPUs: workers use {busy:.0%} of {cpus} cores" if busy > 0.8
-               else f"the single writer: one write transaction at a time ({disk:.0%} of the "
-                    f"ceiling's commits/s, {busy:.0%} of the CPUs)")
+               else f"neither the disk ({disk:.0%} of the ceiling's commits/s), the CPUs "
+                    f"({busy:.0%}) nor the write lock ({writer:.0%} held) alone")
         lines.append(f"{label}: {prev[key]} -> {cur[key]} gains only "
                      f"{cur['steps_per_s'] / prev['steps_per_s']:.2f}x; the limit is {why}.")
     return " ".join(lines)
@@ -118,12 +122,16 @@ def render(r: dict[str, Any]) -> str:
                 for s in r["steps"]), ""]
     out += ["3. Worker processes (runworker --burst, 10-step read-only runs); two busy "
             f"processes get {r['cpu_scaling']:.2f}x the work of one on this machine",
-            "   procs threads  steps/s  p50 ms  p99 ms  cpu ms/step  locked  runs ok"]
+            "   procs threads  steps/s  p50 ms  p99 ms  cpu ms/step  writer held  wait ms"
+            "  locked  runs ok"]
     for x in r["concurrency"]:
         out.append(f"   {x['processes']:5} {x['threads']:7} {x['steps_per_s']:8.0f}"
                    f" {x['p50_ms']:7.1f} {x['p99_ms']:7.1f} {x['cpu_ms_per_step']:12.2f}"
+                   f" {x.get('writer_busy', 0.0):12.0%} {x.get('writer_wait_ms', 0.0):8.2f}"
                    f" {x['locked_errors']:7} {x['succeeded']:4}/{x['runs']}")
-    out += ["   (latency: a step's start to its tool's result, both commits included)",
+    out += ["   (latency: a step's start to its tool's result, both commits included; writer "
+            "held: share of the time a worker held SQLite's write lock; wait: per write "
+            "transaction)",
             f"   Single writer: {r['writer_limit']}", ""]
     a = r["approvals"]
     out += [f"4. Approval to restart: default runworker, {a['approvals']} approvals at random "

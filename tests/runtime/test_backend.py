@@ -136,3 +136,35 @@ def test_a_holder_that_is_killed_leaves_the_lock_to_the_next_writer(rdb, tmp_pat
         if holder.poll() is None:
             holder.kill()
             holder.wait(10)
+
+
+def test_write_transaction_commits_what_runs_inside_and_releases_the_lock(rdb):
+    with connection.write_transaction():
+        _add_worker("lean")
+        assert not _lock_is_free(rdb)
+        assert connection.in_atomic_block is False  # no atomic() bookkeeping
+    assert _lock_is_free(rdb)
+    assert Worker.objects.filter(owner="lean").exists()
+
+
+def test_write_transaction_rolls_back_on_any_exception_including_a_simulated_crash(rdb):
+    from runtime.errors import SimulatedCrash
+
+    for exc in (ValueError("bad"), SimulatedCrash("in_transaction", None, None)):
+        with pytest.raises(type(exc)), connection.write_transaction():
+            _add_worker(f"lost-{type(exc).__name__}")
+            raise exc
+        assert _lock_is_free(rdb)
+    assert not Worker.objects.exists()
+    with connection.write_transaction():  # the connection is usable afterwards
+        _add_worker("next")
+    assert list(Worker.objects.values_list("owner", flat=True)) == ["next"]
+
+
+def test_write_transaction_is_refused_inside_an_atomic_block(rdb):
+    with transaction.atomic():
+        with pytest.raises(transaction.TransactionManagementError), \
+                connection.write_transaction():
+            pass
+        _add_worker("outer")
+    assert Worker.objects.filter(owner="outer").exists()

@@ -86,10 +86,12 @@ def test_a_failure_between_state_update_and_event_insert_stores_neither(rdb, tmp
         run = start("s", {})
         before = Run.objects.values().get(pk=run.pk)
 
-        def boom(*args, **kwargs):
-            raise OSError("disk fell off between the update and the insert")
+        def boom_when_run(rows):
+            def insert():
+                raise OSError("disk fell off between the update and the insert")
+            return insert
 
-        monkeypatch.setattr(store, "insert_events", boom)
+        monkeypatch.setattr(store, "prepare_events", boom_when_run)
         with pytest.raises(OSError):
             resume(run.pk, lease_seconds=5)
         monkeypatch.undo()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from collections import Counter
 from contextlib import contextmanager
@@ -192,7 +193,7 @@ def test_four_workers_share_one_sqlite_file_without_locking_errors(rdb, tmp_path
     for w in workers:
         out = w.output()
         assert "database is locked" not in out and "Traceback" not in out
-    handled = [int(w.output().rsplit("(", 1)[1].split()[0]) for w in workers]
+    handled = [int(re.search(r"\((\d+) runs handled\)", w.output())[1]) for w in workers]
     assert sum(handled) == 300
 
 
