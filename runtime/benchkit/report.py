@@ -83,9 +83,10 @@ def writer_limit(r: dict[str, Any]) -> str:
         disk = cur["steps_per_s"] * cps / ceiling
         busy = cur["cpu_ms_per_step"] * cur["steps_per_s"] / 1000 / cpus
         writer = cur.get("writer_busy", 0.0)
+        alone = rows[0].get("writer_busy", 0.0)  # one process, one thread
         why = (f"the single writer: the write lock is held {writer:.0%} of the time "
-               f"(one process alone holds it {prev.get('writer_busy', 0.0):.0%}), each write "
-               f"waits {cur.get('writer_wait_ms', 0.0):.2f} ms for it" if writer > 0.7
+               f"(one worker alone holds it {alone:.0%}), each write waits "
+               f"{cur.get('writer_wait_ms', 0.0):.2f} ms for it" if writer > 0.7
                else f"the disk: commits run at {disk:.0%} of the ceiling" if disk > 0.7
                else f"the CPUs: workers use {busy:.0%} of {cpus} cores" if busy > 0.8
                else f"neither the disk ({disk:.0%} of the ceiling's commits/s), the CPUs "

@@ -18,8 +18,8 @@ from runtime.lease import LeaseKeeper
 from runtime.models import Step
 from tests.procs import ROOT
 
-SECTIONS = {"machine", "ceiling", "steps", "concurrency", "writer_limit", "approvals", "rss",
-            "scale", "targets", "seconds", "quick"}
+SECTIONS = {"machine", "ceiling", "floor", "cpu_scaling", "steps", "concurrency", "writer_limit",
+            "approvals", "rss", "scale", "targets", "seconds", "quick"}
 
 
 def _counted(steps: int) -> SqliteCounter:
@@ -55,6 +55,9 @@ def test_bench_quick_runs_and_writes_every_section(tmp_path):
     assert {s["effect"] for s in data["steps"]} == {"read_only", "side_effect"}
     assert {(c["processes"], c["threads"]) for c in data["concurrency"]} >= {
         (1, 1), (1, 4), (1, 16), (2, 1), (4, 1)}
+    # Every worker told how much of the write lock it held (its stop line), and it held some.
+    assert all(c["writer_busy"] > 0 for c in data["concurrency"])
+    assert data["floor"]["steps_per_s"] > 0 and data["cpu_scaling"] > 0
     assert len(data["scale"]) == 3 and all(s["queries"] for s in data["scale"])
     assert {"p50_ms", "p95_ms"} <= set(data["approvals"])
     assert {"rss_first_kib", "rss_total_kib"} <= set(data["rss"])
