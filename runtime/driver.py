@@ -67,6 +67,7 @@ class Tx:
     after: list[tuple[CrashPoint, int | None]] = field(default_factory=list)
     gated: bool = False
     late_payloads: bool = False
+    orm_writes: bool = False
     step_fields: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def event(self, kind: str, payload: dict[str, Any], step: int | None = None) -> dict:
@@ -96,6 +97,7 @@ class Tx:
     def write(self, write: Callable[[], Any], *, puts_ids_in_payloads: bool = False) -> None:
         """A row write run as it is inside the transaction (through the ORM)."""
         self.writes.append(lambda: write)
+        self.orm_writes = True
         self.late_payloads = self.late_payloads or puts_ids_in_payloads
 
     def prepared_writes(self) -> Callable[[], None] | None:
@@ -232,7 +234,7 @@ class Execution:
             raise LeaseLost(self.lease.run_id, self.lease.owner, "lease lost (heartbeat)")
         lease_commit(self.lease, tx.specs, now=tx.now, run_fields=tx.run_fields,
                      writes=tx.prepared_writes(), require_unexpired=tx.gated,
-                     late_payloads=tx.late_payloads)
+                     late_payloads=tx.late_payloads, plain_sql=not tx.orm_writes)
         self.status = tx.run_fields.get("status", self.status)
         for point, step in tx.after:
             crashpoints.reached(point, run_id=self.run.pk, step_index=step)

@@ -64,6 +64,7 @@ def lease_commit(
     writes: Callable[[], None] | None = None,
     require_unexpired: bool = False,
     late_payloads: bool = False,
+    plain_sql: bool = False,
 ) -> list[EventRow]:
     """Commit a state change and its events, only while ``lease`` still holds the run.
 
@@ -74,11 +75,13 @@ def lease_commit(
     The events are chained and every statement is prepared before the transaction begins, so
     the write lock is held for the statements and the flush only; ``late_payloads`` says that
     ``writes`` put generated ids into the payloads, so the events are built after them.
+    ``plain_sql`` says ``writes`` are only prepared statements (no ORM saves, whose signals
+    may use ``atomic()`` or ``on_commit()``), so the lean ``write_transaction()`` may carry them.
     """
     unexpired_at = now if require_unexpired else None
     prepared = None if late_payloads else _prepare(lease, specs, now, run_fields, unexpired_at)
     try:
-        with write_transaction():
+        with write_transaction() if plain_sql or writes is None else transaction.atomic():
             if writes is not None:
                 writes()
             if prepared is None:
@@ -448,8 +451,7 @@ def step_write(step: Step, fields: dict[str, Any]) -> Callable[[], None]:
         sets = ", ".join(f'"{_STEP_FIELDS[n].column}" = ?' for n in names)
         sql = _step_sql[names] = f'UPDATE "runtime_step" SET {sets} WHERE "id" = ?'
     params = [_step_value(db, n, v) for n, v in fields.items()]
-    params.append(step.pk)
-    return lambda: execute(sql, params)
+    return lambda: execute(sql, [*params, step.pk])  # the id as it is then, not now
 
 
 def step_insert(step: Step) -> Callable[[], None]:

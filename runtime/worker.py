@@ -223,6 +223,7 @@ class Worker:
             log.exception("run=%s owner=%s crashed; its lease will expire", run_id, self.owner)
             connection.close()
         finally:
+            _close_if_left_in_transaction()
             with self._lock:
                 done, _lease = self._active.pop(run_id)
                 self._free.append(slot)
@@ -255,6 +256,17 @@ def _writer_summary() -> str:
             f"({w.waited / n * 1000:.3f} ms each)")
 
 
+def _close_if_left_in_transaction() -> None:
+    """A slot keeps its connection from run to run, but never an open transaction (and the
+    write lock with it): if a failure left one behind, the connection goes."""
+    try:
+        raw = connection.connection  # sqlite3 says whether a transaction is open
+        if raw is not None and getattr(raw, "in_transaction", False):
+            connection.close()
+    except Exception:
+        log.exception("closing a connection left in a transaction failed")
+
+
 class _Slot:
     """One of a worker's ``concurrency`` executor threads. It lives as long as the worker and
     keeps its database connection, so a run costs neither a thread nor a connection."""
@@ -279,6 +291,9 @@ class _Slot:
                     self.worker._execute(self, acquired)
                 except BaseException:  # what ended a run's own thread before: not the slot
                     log.exception("run=%s: stopped by a BaseException", acquired.run.pk)
-                    connection.close()
+                    _close_if_left_in_transaction()
         finally:
-            connection.close()
+            try:
+                connection.close()
+            except Exception:
+                log.exception("closing a slot's connection failed")

@@ -412,6 +412,34 @@ def test_resolve_with_a_result_that_is_not_json_is_refused(interrupted):
     assert snapshot(run.pk) == before
 
 
+def test_an_approvals_save_signal_sees_a_real_transaction_and_on_commit_waits(rdb, tmp_path,
+                                                                          clock):
+    """A project's post_save receiver on Approval may use on_commit(): it must run after the
+    pause is committed (seen from another connection), never inside the transaction."""
+    from django.db import transaction
+    from django.db.models.signals import post_save
+
+    from tests.kit import Background
+
+    seen: list[tuple] = []
+
+    def receiver(sender, instance, created, **kwargs):
+        def after() -> None:
+            status = Background(lambda: Run.objects.get(pk=instance.run_id).status).join()
+            seen.append(("committed", status.result))
+        seen.append(("saved", transaction.get_connection().in_atomic_block))
+        transaction.on_commit(after)
+
+    ledger = Ledger(tmp_path / "ledger")
+    post_save.connect(receiver, sender=Approval)
+    try:
+        with registry.override(_policy_agent("sig", ledger)):
+            _policy_paused("sig", ledger, clock)
+    finally:
+        post_save.disconnect(receiver, sender=Approval)
+    assert seen == [("saved", True), ("committed", "waiting")]
+
+
 # -- the queue -----------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """The SQLite backend's writer queue: write transactions take an exclusive flock first, so a
-waiting writer sleeps in the kernel and goes the moment the holder commits or rolls back."""
+waiting writer tries again within a millisecond of the holder's commit or rollback, and gives
+up with "database is locked" after the connection's timeout."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -35,11 +37,23 @@ def _lock_is_free(db: Path) -> bool:
     return True
 
 
-def _waiters(db: Path) -> int:
-    """Processes or descriptors blocked on the writer lock (``->`` lines of /proc/locks)."""
-    inode = os.stat(_writer_file(db)).st_ino
-    return sum(1 for line in Path("/proc/locks").read_text().splitlines()
-               if "->" in line and f":{inode} " in line + " ")
+@pytest.fixture
+def busy_tries(monkeypatch) -> list[int]:
+    """Counts the backend's tries that found the writer lock taken (each appends 1)."""
+    import runtime.backends.sqlite3.base as backend
+
+    found: list[int] = []
+
+    def flock(fd: int, op: int) -> None:
+        try:
+            fcntl.flock(fd, op)
+        except BlockingIOError:
+            found.append(1)
+            raise
+
+    monkeypatch.setattr(backend, "fcntl", types.SimpleNamespace(
+        flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB, LOCK_UN=fcntl.LOCK_UN))
+    return found
 
 
 def _add_worker(owner: str) -> None:
@@ -87,7 +101,27 @@ def test_closing_the_connection_inside_a_transaction_releases_the_lock(rdb):
     assert _lock_is_free(rdb)
 
 
-def test_a_second_writer_waits_in_the_kernel_and_goes_when_the_first_commits(rdb):
+class _WatchedLock:
+    """This process's writer lock for a database, noting each acquire that had to wait."""
+
+    def __init__(self) -> None:
+        self.lock, self.waited = threading.Lock(), []
+
+    def acquire(self, timeout: float = -1) -> bool:
+        if self.lock.acquire(blocking=False):
+            return True
+        self.waited.append(1)
+        return self.lock.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def test_a_second_writer_thread_waits_and_goes_when_the_first_commits(rdb, monkeypatch):
+    import runtime.backends.sqlite3.base as backend
+
+    watched = _WatchedLock()
+    monkeypatch.setitem(backend._process_locks, os.path.abspath(f"{rdb}.writer"), watched)
     holding, release = threading.Event(), threading.Event()
 
     def first() -> None:
@@ -104,7 +138,7 @@ def test_a_second_writer_waits_in_the_kernel_and_goes_when_the_first_commits(rdb
     a = Background(first)
     assert holding.wait(10)
     b = Background(second)
-    wait_until(lambda: _waiters(rdb) == 1, what="the second writer to queue on the lock")
+    wait_until(lambda: watched.waited, what="the second writer to find the lock taken")
     assert b.result is None and not Worker.objects.filter(owner="second").exists()
     release.set()
     a.join()
@@ -113,20 +147,12 @@ def test_a_second_writer_waits_in_the_kernel_and_goes_when_the_first_commits(rdb
     assert set(Worker.objects.values_list("owner", flat=True)) == {"first", "second"}
 
 
-def test_a_holder_that_is_killed_leaves_the_lock_to_the_next_writer(rdb, tmp_path):
-    ready = tmp_path / "holding"
-    script = (
-        "import fcntl, os, sys, time\n"
-        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "open(sys.argv[2], 'w').close()\n"
-        "time.sleep(600)\n")
-    holder = subprocess.Popen([sys.executable, "-c", script, str(_writer_file(rdb)), str(ready)])
+def test_a_holder_that_is_killed_leaves_the_lock_to_the_next_writer(rdb, tmp_path, busy_tries):
+    holder = _hold_in_another_process(rdb, tmp_path / "holding")
     try:
-        wait_until(ready.exists, what="the other process to hold the lock")
         assert not _lock_is_free(rdb)
         writer = Background(_add_worker_in_tx)
-        wait_until(lambda: _waiters(rdb) == 1, what="our writer to queue behind it")
+        wait_until(lambda: busy_tries, what="our writer to find the lock taken")
         holder.kill()
         holder.wait(10)
         writer.join()
@@ -168,3 +194,45 @@ def test_write_transaction_is_refused_inside_an_atomic_block(rdb):
             pass
         _add_worker("outer")
     assert Worker.objects.filter(owner="outer").exists()
+
+
+def _hold_in_another_process(db: Path, ready: Path) -> subprocess.Popen:
+    script = ("import fcntl, os, sys, time\n"
+              "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "open(sys.argv[2], 'w').close()\n"
+              "time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(_writer_file(db)), str(ready)])
+    wait_until(ready.exists, what="the other process to hold the lock")
+    return holder
+
+
+def test_a_writer_gives_up_after_the_timeout_with_database_is_locked(rdb, tmp_path,
+                                                                     monkeypatch):
+    from django.db import OperationalError
+
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "timeout", 0.3)
+    holder = _hold_in_another_process(rdb, tmp_path / "holding")
+    try:
+        for begin in (transaction.atomic, connection.write_transaction):
+            with pytest.raises(OperationalError, match="database is locked"), begin():
+                _add_worker("never")
+        assert not Worker.objects.exists()
+    finally:
+        holder.kill()
+        holder.wait(10)
+    with transaction.atomic():  # free again: the same connection writes
+        _add_worker("later")
+    assert list(Worker.objects.values_list("owner", flat=True)) == ["later"]
+
+
+def test_the_event_and_step_run_indexes_the_unique_constraints_cover_are_gone(rdb):
+    with connection.cursor() as cursor:
+        indexes = {name: sql for name, sql in cursor.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' "
+            "AND tbl_name IN ('runtime_event', 'runtime_step')")}
+        triggers = {name for (name,) in cursor.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    assert not [n for n in indexes if n.endswith(("_run_id_d25e86d3", "_run_id_7d62677f"))]
+    assert sum(1 for n in indexes if n.startswith("sqlite_autoindex_")) == 2  # the uniques
+    assert {"runtime_event_no_update", "runtime_event_no_delete"} <= triggers

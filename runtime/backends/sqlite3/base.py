@@ -1,12 +1,16 @@
-"""SQLite with writers queued by the kernel instead of SQLite's busy handler.
+"""SQLite with writers queued on a lock file instead of SQLite's busy handler.
 
 SQLite lets one writer in at a time; a connection that finds the write lock taken sleeps in its
 busy handler for 1, 2, 5, 10, ... ms before trying again, so two busy processes spend much of
 their time asleep while the lock is free. Here every write transaction first takes an exclusive
-``flock`` on ``<database>.writer`` (one open file per connection): a waiting writer blocks in
-the kernel and wakes the moment the holder commits or rolls back. SQLite's own locking still
-decides; the flock only orders the queue. A process that dies holding it releases it with its
-files. Writes outside a transaction (autocommit) do not queue; SQLite's busy timeout covers them.
+``flock`` on ``<database>.writer`` (one open file per connection; threads of one process queue
+first on a lock of their own): a waiting writer blocks in the kernel and goes the moment the
+holder commits or rolls back. After the connection's
+``timeout`` (``OPTIONS["timeout"]``, SQLite's own busy timeout) it gives up with "database is
+locked", as SQLite would. SQLite's locking still decides who writes; the flock only orders the
+queue. The kernel drops the flock when its holder's process dies, unless a child forked without
+exec still holds a copy of the descriptor. Writes outside a transaction (autocommit) do not
+queue; SQLite's busy timeout covers them.
 
 The process keeps count of its write transactions, the time they waited for the lock and the
 time they held it (``writer_stats``), so a worker can say how much of the single writer it used.
@@ -23,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 
 
@@ -47,29 +51,89 @@ def writer_stats() -> WriterStats:
         return WriterStats(_stats.transactions, _stats.waited, _stats.held, _stats.since)
 
 
+_process_locks: dict[str, threading.Lock] = {}
+
+
+def _process_lock(path: str) -> threading.Lock:
+    """One lock per database in this process: its threads wait on it, not on the flock."""
+    with _stats_lock:
+        return _process_locks.setdefault(path, threading.Lock())
+
+
 class DatabaseWrapper(SQLiteWrapper):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._writer_fd: int | None = None
         self._writer_since: float | None = None  # when this connection took the lock
+        self._writer_local: threading.Lock | None = None  # this process's lock, held with it
 
     def _writer_lock(self) -> None:
+        """Take this process's lock for the file (threads queue on it cheaply), then the
+        flock that queues processes; both or neither, within the connection's timeout."""
         if self.is_in_memory_db():
             return
+        path = os.path.abspath(f"{self.settings_dict['NAME']}.writer")
         if self._writer_fd is None:
-            path = f"{self.settings_dict['NAME']}.writer"
             self._writer_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        timeout = float(self.settings_dict["OPTIONS"].get("timeout", 5))
+        local = _process_lock(path)
         asked = time.perf_counter()
-        fcntl.flock(self._writer_fd, fcntl.LOCK_EX)
+        if not local.acquire(timeout=timeout):
+            raise OperationalError(
+                f"database is locked (waited {timeout:.1f} s for this process's writers)")
+        try:
+            try:
+                fcntl.flock(self._writer_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._writer_wait(max(0.0, asked + timeout - time.perf_counter()))
+        except BaseException:
+            local.release()
+            raise
+        self._writer_local = local
         self._writer_since = now = time.perf_counter()
         with _stats_lock:
             _stats.waited += now - asked
+
+    def _writer_wait(self, timeout: float) -> None:
+        """Queue for the lock in the kernel for at most ``timeout`` seconds.
+
+        A helper thread makes the blocking call on a duplicate of the descriptor (a flock
+        belongs to the open file, which both share) and closes the duplicate once it returns:
+        the lock then stays with ``self._writer_fd``. Past the timeout this thread closes its
+        own descriptor and gives up, so the lock, whenever the helper gets it, goes with the
+        helper's duplicate, the file's last descriptor.
+        """
+        fd = self._writer_fd
+        duplicate = os.dup(fd)
+        got = threading.Event()
+        failed: list[OSError] = []
+
+        def wait() -> None:
+            try:
+                fcntl.flock(duplicate, fcntl.LOCK_EX)
+            except OSError as exc:
+                failed.append(exc)
+            finally:
+                got.set()
+                os.close(duplicate)
+
+        threading.Thread(target=wait, daemon=True, name="sqlite-writer-queue").start()
+        if not got.wait(timeout):
+            os.close(fd)
+            self._writer_fd = None
+            raise OperationalError(
+                f"database is locked (waited {timeout:.1f} s in the writer queue)")
+        if failed:
+            raise OperationalError(f"the writer queue's lock failed: {failed[0]}")
 
     def _writer_unlock(self) -> None:
         if self._writer_since is None:
             return
         held, self._writer_since = time.perf_counter() - self._writer_since, None
-        fcntl.flock(self._writer_fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(self._writer_fd, fcntl.LOCK_UN)
+        finally:
+            self._writer_local.release()
         with _stats_lock:
             _stats.transactions += 1
             _stats.held += held
@@ -87,17 +151,30 @@ class DatabaseWrapper(SQLiteWrapper):
             raise transaction.TransactionManagementError(
                 "write_transaction() cannot run inside an atomic block")
         self.ensure_connection()
-        self._start_transaction_under_autocommit()
+        self._writer_lock()
+        try:
+            with self.wrap_database_errors:
+                self.connection.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._writer_unlock()
+            raise
         try:
             yield
         except BaseException:
-            self._rollback()
+            self._end_failed()
             raise
         try:
             self._commit()
         except BaseException:
-            self._rollback()  # a failed COMMIT leaves the transaction open: end it
+            self._end_failed()  # a failed COMMIT leaves the transaction open: end it
             raise
+
+    def _end_failed(self) -> None:
+        """Roll back; if even that fails, close the connection (SQLite then rolls back)."""
+        try:
+            self._rollback()
+        except BaseException:
+            self.close()
 
     def _start_transaction_under_autocommit(self) -> None:
         self._writer_lock()
