@@ -71,6 +71,12 @@ def test_runs_workers_and_the_audit_log_on_postgres(pg_url, tmp_path):
     assert manage(pg_url, tmp_path, "verifyaudit").returncode == 0
     with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
         rows(pg_url, "UPDATE runtime_event SET actor = 'someone' WHERE id = 1")
+    # Migration 0006 dropped the run_id indexes the unique (run, seq)/(run, index) cover.
+    indexes = {name for (name,) in rows(
+        pg_url, "SELECT indexname FROM pg_indexes WHERE tablename IN "
+        "('runtime_event', 'runtime_step')")}
+    assert not {"runtime_event_run_id_d25e86d3", "runtime_step_run_id_7d62677f"} & indexes
+    assert {"event_run_seq_unique", "step_run_index_unique"} <= indexes
 
 
 def test_a_killed_workers_side_effect_waits_for_a_person_on_postgres(pg_url, tmp_path):
