@@ -81,7 +81,7 @@ def lease_commit(
     unexpired_at = now if require_unexpired else None
     prepared = None if late_payloads else _prepare(lease, specs, now, run_fields, unexpired_at)
     try:
-        with write_transaction() if plain_sql or writes is None else transaction.atomic():
+        with write_transaction(lean=plain_sql or writes is None):
             if writes is not None:
                 writes()
             if prepared is None:
@@ -104,11 +104,12 @@ def lease_commit(
     return rows
 
 
-def write_transaction() -> Any:
-    """``transaction.atomic()``; on the runtime's SQLite backend outside any atomic block, its
-    leaner ``write_transaction()`` (same BEGIN IMMEDIATE, COMMIT and rollback)."""
+def write_transaction(*, lean: bool = True) -> Any:
+    """``transaction.atomic()``; if ``lean`` (nothing inside saves through the ORM), on the
+    runtime's SQLite backend outside any atomic block, its leaner ``write_transaction()``
+    (the same BEGIN IMMEDIATE, COMMIT and rollback)."""
     db = connections[DEFAULT_DB_ALIAS]
-    if isinstance(db, QueuedSQLite) and not db.in_atomic_block:
+    if lean and isinstance(db, QueuedSQLite) and not db.in_atomic_block:
         return db.write_transaction()
     return transaction.atomic()
 
@@ -146,12 +147,12 @@ def _lease_update(lease: Lease, fields: dict[str, Any],
     params += [lease.run_id, lease.owner, lease.epoch, lease.seq]
     if unexpired_at is not None:
         params.append(db_datetime(db, unexpired_at))
-    return lambda: execute(sql, params).rowcount
+    return lambda: execute(db, sql, params).rowcount
 
 
-def execute(sql: str, params: Sequence[Any]) -> Any:
-    """Run one prepared statement on this thread's connection; returns the sqlite3 cursor."""
-    db = connections[DEFAULT_DB_ALIAS]
+def execute(db: Any, sql: str, params: Sequence[Any]) -> Any:
+    """Run one prepared statement on ``db`` (the connection it was prepared for, this
+    thread's); returns the sqlite3 cursor."""
     db.ensure_connection()
     with db.wrap_database_errors:
         return db.connection.execute(sql, params)
@@ -297,7 +298,7 @@ def _claim(run: Run, owner: str, now: datetime, expires: datetime) -> Acquired:
                   db_datetime(db, now), run.pk, RunStatus.QUEUED, run.lease_epoch, run.event_seq]
 
         def claim() -> int:
-            return execute(_CLAIM_SQL, params).rowcount
+            return execute(db, _CLAIM_SQL, params).rowcount
     else:
         def claim() -> int:
             return Run.objects.filter(
@@ -451,7 +452,7 @@ def step_write(step: Step, fields: dict[str, Any]) -> Callable[[], None]:
         sets = ", ".join(f'"{_STEP_FIELDS[n].column}" = ?' for n in names)
         sql = _step_sql[names] = f'UPDATE "runtime_step" SET {sets} WHERE "id" = ?'
     params = [_step_value(db, n, v) for n, v in fields.items()]
-    return lambda: execute(sql, [*params, step.pk])  # the id as it is then, not now
+    return lambda: execute(db, sql, [*params, step.pk])  # the id as it is then, not now
 
 
 def step_insert(step: Step) -> Callable[[], None]:
@@ -468,7 +469,7 @@ def step_insert(step: Step) -> Callable[[], None]:
     params = [_step_value(db, f.name, getattr(step, f.attname)) for f in _STEP_INSERT_FIELDS]
 
     def insert() -> None:
-        step.pk = execute(sql, params).lastrowid
+        step.pk = execute(db, sql, params).lastrowid
         step._state.adding, step._state.db = False, db.alias
 
     return insert
@@ -480,7 +481,7 @@ _STEP_INSERT_FIELDS = [f for f in Step._meta.concrete_fields if not f.primary_ke
 # Plain values (text, numbers, booleans, ids) go to SQLite as they are; JSON is written as the
 # JSON field writes it on SQLite (json.dumps, SQL NULL for None) and datetimes as the backend
 # adapts them. Anything else takes the field's own conversion.
-_PLAIN = (str, int, float, type(None))
+_PLAIN = (str, int, float, bool, type(None))
 
 
 def _step_value(db: Any, name: str, value: Any) -> Any:
@@ -488,7 +489,7 @@ def _step_value(db: Any, name: str, value: Any) -> Any:
         return db_datetime(db, value)
     if name in _STEP_JSON:
         return None if value is None else json.dumps(value)
-    if type(value) in _PLAIN or type(value) is bool:
+    if type(value) in _PLAIN:
         return value
     return _STEP_FIELDS[name].get_db_prep_save(value, db)
 

@@ -290,8 +290,9 @@ class _Slot:
                 try:
                     self.worker._execute(self, acquired)
                 except BaseException:  # what ended a run's own thread before: not the slot
+                    # (_execute has already returned the slot and closed a connection left in
+                    # a transaction)
                     log.exception("run=%s: stopped by a BaseException", acquired.run.pk)
-                    _close_if_left_in_transaction()
         finally:
             try:
                 connection.close()

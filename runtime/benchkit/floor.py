@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from .ceiling import scratch
+
 _STEP_INSERT = ('INSERT INTO "runtime_step" ("run_id", "index", "status", "tool", "arguments", '
                 '"effect", "idempotency_key", "result", "error", "attempt", "dispatches", '
                 '"started_at") VALUES (?,?,?,?,?,?,?,?,?,?,?,?)')
@@ -38,11 +40,7 @@ def floor(template: Path, directory: Path, seconds: float) -> float:
     """Steps per second of the loop's bare statements on a copy of ``template``."""
     path = directory / "floor.sqlite3"
     shutil.copyfile(template, path)
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
+    with scratch(path) as conn:
         run = conn.execute(
             'INSERT INTO "runtime_run" ("agent", "input", "status", "failure_code", '
             '"failure_message", "planned", "lease_owner", "lease_epoch", "event_seq", '
@@ -68,10 +66,6 @@ def floor(template: Path, directory: Path, seconds: float) -> float:
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
                 return n / elapsed
-    finally:
-        conn.close()
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def _step_row(run: int, index: int) -> tuple:

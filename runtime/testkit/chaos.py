@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..crashpoints import CrashPoint
 from ..errors import AgentRuntimeError
 from ..models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
 from ..procs import die_with_parent
@@ -27,9 +28,7 @@ from .operator import APPROVE, REJECT, Decision, decide, resolve_with
 AGENTS = "runtime.testkit.agents.AGENTS"
 KINDS = ["read", "charge", "send", "reconcile-check", "reconcile-wait", "reconcile-conflict",
          "charge-approved"]
-ARMABLE = ["after_step_started", "after_step_decided", "after_tool_started", "after_tool_effect",
-           "after_tool_finished", "after_run_resumed", "after_step_interrupted", "after_pause",
-           "during_llm_request", "after_tool_dispatched", "in_transaction"]
+ARMABLE = [str(point) for point in CrashPoint]  # every point, in the enum's order
 
 
 @dataclass
