@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
-
 from .agents import get_agent
-from .audit import EventSpec
+from .audit import log_events
 from .clock import SYSTEM_CLOCK, Clock
+from .engines import Refused, engine
 from .errors import RunNotFound, RunNotResumable
 from .models import Approval, ApprovalStatus, Run, RunStatus, Step, StepStatus
-from .store import run_append_in_tx, run_create
+from .plan import Fence, Plan, interrupt_step
+from .store import run_create
 
 
 def start(agent_name: str, input: Any, created_by: str = "", *, clock: Clock = SYSTEM_CLOCK) -> Run:
@@ -29,31 +29,31 @@ def resume(run_id: int, owner: str | None = None, **driver_options: Any) -> Run:
 
 def cancel(run_id: int, by: str, reason: str = "", *, clock: Clock = SYSTEM_CLOCK) -> Run:
     """Cancel a queued or waiting run; its open approvals are cancelled with it."""
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise RunNotFound(run_id)
+    cancellable = (RunStatus.QUEUED, RunStatus.WAITING)
+    if run.status not in cancellable:
+        raise RunNotResumable(run.pk, run.status)
     now = clock.now()
-    with transaction.atomic():
-        run = Run.objects.filter(pk=run_id).first()
-        if run is None:
-            raise RunNotFound(run_id)
-        if run.status not in (RunStatus.QUEUED, RunStatus.WAITING):
-            raise RunNotResumable(run.pk, run.status)
-        open_approvals = list(Approval.objects.filter(
-            run_id=run.pk, status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED]))
-        specs = [EventSpec("approval.cancelled", {"approval_id": a.pk, "reason": "run cancelled"},
-                           a.step.index) for a in open_approvals]
-        # A run handed back to the queue mid-decision has a step still deciding: it ends here.
-        deciding = Step.objects.filter(run_id=run.pk, status=StepStatus.DECIDING).first()
-        if deciding is not None:
-            specs.append(EventSpec("step.interrupted", {"was": "deciding", "reason":
-                                                        "run cancelled"}, deciding.index))
-        specs.append(EventSpec("run.cancelled", {"by": by, "reason": reason}))
-        if run_append_in_tx(run, specs, actor=by, now=now,
-                            expect_status=[RunStatus.QUEUED, RunStatus.WAITING],
-                            run_fields={"status": RunStatus.CANCELLED, "planned": []}) is None:
-            raise RunNotResumable(run.pk, "changed while cancelling")
-        if deciding is not None:
-            Step.objects.filter(pk=deciding.pk, status=StepStatus.DECIDING).update(
-                status=StepStatus.INTERRUPTED)
-        Approval.objects.filter(pk__in=[a.pk for a in open_approvals]).update(
-            status=ApprovalStatus.CANCELLED, decided_by=by, decided_at=now, note=reason)
+    plan = Plan(run_id=run.pk, at=now, actor=by, head=run.event_hash,
+                fence=Fence(seq=run.event_seq, status=cancellable))
+    for a in Approval.objects.filter(run_id=run.pk, status__in=[
+            ApprovalStatus.PENDING, ApprovalStatus.APPROVED]).select_related("step"):
+        plan.event("approval.cancelled", {"approval_id": a.pk, "reason": "run cancelled"},
+                   a.step.index)
+        plan.approval_move(a.pk, a.status, status=ApprovalStatus.CANCELLED, decided_by=by,
+                           decided_at=now, note=reason)
+    # A run handed back to the queue mid-decision has a step still deciding: it ends here.
+    deciding = Step.objects.filter(run_id=run.pk, status=StepStatus.DECIDING).first()
+    if deciding is not None:
+        interrupt_step(plan, deciding, reason="run cancelled")
+    plan.event("run.cancelled", {"by": by, "reason": reason})
+    plan.run.update(status=RunStatus.CANCELLED, planned=[])
+    try:
+        committed = engine().commit(plan, clock)
+    except Refused:
+        raise RunNotResumable(run.pk, "changed while cancelling") from None
+    log_events(committed.rows)
     run.refresh_from_db()
     return run

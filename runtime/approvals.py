@@ -1,7 +1,8 @@
 """Operators' decisions on approvals: approve one re-run, reject, or resolve with a result.
 
-Each decision is one transaction: a compare-and-set UPDATE from ``pending`` (so of two
-operators deciding at once exactly one wins) plus the run's events.
+Each decision is one plan committed by the engine: a compare-and-set UPDATE from ``pending``
+(so of two operators deciding at once exactly one wins), the run's compare-and-set on its chain
+head while it waits, and the run's events.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import QuerySet
 
-from .audit import EventSpec
+from .audit import log_events
 from .canonical import check_payload, request_digest
 from .clock import SYSTEM_CLOCK
+from .engines import Refused, engine
 from .errors import ApprovalConflict, FourEyesViolation, InvalidDecision, InvalidPayload
 from .models import (
     Approval,
@@ -24,10 +25,10 @@ from .models import (
     Effect,
     FailureCode,
     RunStatus,
-    Step,
     StepStatus,
 )
-from .store import run_append_in_tx
+from .plan import Fence, Plan
+from .store import notify_ready
 
 RESOLVABLE = (ApprovalKind.INTERRUPTED_SIDE_EFFECT, ApprovalKind.RECONCILE)
 
@@ -77,30 +78,37 @@ def _decide(
     if not by:
         raise InvalidDecision(approval_id, "a decision needs the name of who made it")
     now = now or SYSTEM_CLOCK.now()
-    with transaction.atomic():
-        try:
-            approval = Approval.objects.select_related("run", "step").get(pk=approval_id)
-        except (Approval.DoesNotExist, ValueError, TypeError):
-            raise InvalidDecision(approval_id, "no such approval") from None
+    try:
+        approval = Approval.objects.select_related("run", "step").get(pk=approval_id)
+    except (Approval.DoesNotExist, ValueError, TypeError):
+        raise InvalidDecision(approval_id, "no such approval") from None
+    if approval.status != ApprovalStatus.PENDING:
+        raise _already_decided(approval)
+    if status == ApprovalStatus.RESOLVED and approval.kind not in RESOLVABLE:
+        raise InvalidDecision(approval_id, "resolve applies to interrupted steps only; "
+                              "a policy approval is approved or rejected")
+    step, run = approval.step, approval.run
+    if status != ApprovalStatus.REJECTED:
+        _check_four_eyes(approval, by)
+    if approval.digest != request_digest(step.tool, step.arguments, step.effect):
+        raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
+                               "the request this approval was for", status=approval.status)
+    plan = Plan(run_id=run.pk, at=now, actor=by, head=run.event_hash,
+                fence=Fence(seq=run.event_seq, status=(RunStatus.WAITING,)))
+    plan.approval_move(approval.pk, ApprovalStatus.PENDING, status=status, decided_by=by,
+                       decided_at=now, note=note, result=result)
+    _effects(plan, approval, status, by, note, result)
+    try:
+        committed = engine().commit(plan, SYSTEM_CLOCK)
+    except Refused:
+        approval.refresh_from_db()
         if approval.status != ApprovalStatus.PENDING:
-            raise _already_decided(approval)
-        if status == ApprovalStatus.RESOLVED and approval.kind not in RESOLVABLE:
-            raise InvalidDecision(approval_id, "resolve applies to interrupted steps only; "
-                                  "a policy approval is approved or rejected")
-        step, run = approval.step, approval.run
-        if status != ApprovalStatus.REJECTED:
-            _check_four_eyes(approval, by)
-        if approval.digest != request_digest(step.tool, step.arguments, step.effect):
-            raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
-                                   "the request this approval was for", status=approval.status)
-        updated = Approval.objects.filter(pk=approval_id, status=ApprovalStatus.PENDING).update(
-            status=status, decided_by=by, decided_at=now, note=note, result=result)
-        if updated != 1:
-            raise _already_decided(Approval.objects.get(pk=approval_id))
-        specs, run_fields = _effects(approval, status, by, note, result, now)
-        if run_append_in_tx(run, specs, actor=by, now=now, expect_status=[RunStatus.WAITING],
-                            run_fields=run_fields) is None:
-            raise ApprovalConflict(approval_id, "the run changed while deciding; try again")
+            raise _already_decided(approval) from None
+        raise ApprovalConflict(approval_id, "the run changed while deciding; try again",
+                               status=approval.status) from None
+    log_events(committed.rows)
+    if plan.run.get("status") == RunStatus.QUEUED:
+        notify_ready()
     approval.refresh_from_db()
     return approval
 
@@ -122,30 +130,28 @@ def _check_four_eyes(approval: Approval, by: str) -> None:
         raise FourEyesViolation(approval.pk, approval.run_id, by)
 
 
-def _effects(
-    approval: Approval, status: str, by: str, note: str, result: Any, now: datetime
-) -> tuple[list[EventSpec], dict[str, Any]]:
+def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,
+             result: Any) -> None:
+    """What the decision does to the run and its step, added to ``plan``."""
     idx = approval.step.index
     base = {"approval_id": approval.pk, "kind": approval.kind, "decided_by": by, "note": note}
     if status == ApprovalStatus.APPROVED:
-        return [EventSpec("approval.granted", base, idx)], {"status": RunStatus.QUEUED}
-    if status == ApprovalStatus.RESOLVED:
-        Step.objects.filter(pk=approval.step_id).update(
-            status=StepStatus.SUCCEEDED, result=result, finished_at=now)
-        return (
-            [EventSpec("approval.resolved", {**base, "result": result}, idx),
-             EventSpec("step.tool_finished", {"result": result, "attempt": approval.step.attempt,
-                                              "recovered_by": by}, idx)],
-            {"status": RunStatus.QUEUED},
-        )
-    Step.objects.filter(pk=approval.step_id).update(status=StepStatus.REJECTED, finished_at=now)
-    message = f"rejected by {by}: {note}"
-    return (
-        [EventSpec("approval.rejected", base, idx),
-         EventSpec("run.failed", {"code": FailureCode.REJECTED.value, "message": message})],
-        {"status": RunStatus.FAILED, "failure_code": FailureCode.REJECTED,
-         "failure_message": message, "planned": []},
-    )
+        plan.event("approval.granted", base, idx)
+        plan.run["status"] = RunStatus.QUEUED
+    elif status == ApprovalStatus.RESOLVED:
+        plan.event("approval.resolved", {**base, "result": result}, idx)
+        plan.event("step.tool_finished", {"result": result, "attempt": approval.step.attempt,
+                                          "recovered_by": by}, idx)
+        plan.step_update(approval.step, status=StepStatus.SUCCEEDED, result=result,
+                         finished_at=plan.at)
+        plan.run["status"] = RunStatus.QUEUED
+    else:
+        message = f"rejected by {by}: {note}"
+        plan.event("approval.rejected", base, idx)
+        plan.event("run.failed", {"code": FailureCode.REJECTED.value, "message": message})
+        plan.step_update(approval.step, status=StepStatus.REJECTED, finished_at=plan.at)
+        plan.run.update(status=RunStatus.FAILED, failure_code=FailureCode.REJECTED,
+                        failure_message=message, planned=[])
 
 
 def _already_decided(approval: Approval) -> ApprovalConflict:

@@ -9,12 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from .canonical import dumps
 
@@ -113,56 +111,9 @@ def build_events(
     return rows, seq, head
 
 
-_INSERT_HEAD = ('INSERT INTO "runtime_event" ("run_id", "step_index", "seq", "kind", "payload", '
-                '"actor", "at", "hash") VALUES ')
-_insert_sql: dict[int, str] = {}
-
-
 def insert_events(rows: Sequence[EventRow]) -> None:
-    """Insert chained rows in one statement, on this thread's connection (the caller's
-    transaction). Payloads are stored as their canonical JSON text; the JSON field reads it."""
-    prepare_events(rows)()
-
-
-def prepare_events(rows: Sequence[EventRow]) -> Callable[[], None]:
-    """``insert_events(rows)`` prepared: SQL and parameters built now, run when called."""
-    if not rows:
-        return lambda: None
-    db = connections[DEFAULT_DB_ALIAS]
-    if db.vendor != "sqlite":
-        return lambda: _insert_with_orm(rows)
-    sql = _insert_sql.get(len(rows))
-    if sql is None:
-        sql = _insert_sql[len(rows)] = _INSERT_HEAD + ",".join(["(?,?,?,?,?,?,?,?)"] * len(rows))
-    params: list[Any] = []
-    for r in rows:
-        params += (r.run_id, r.step_index, r.seq, r.kind, r.payload_text, r.actor,
-                   db_datetime(db, r.at), r.hash)
-
-    def insert() -> None:
-        db.ensure_connection()
-        with db.wrap_database_errors:
-            db.connection.execute(sql, params)
-
-    return insert
-
-
-_adapted: list[Any] = [None, None]  # the last datetime adapted and its text
-
-
-def db_datetime(db: Any, at: datetime | None) -> str | None:
-    """``at`` as the SQLite backend stores it; the last one is remembered (a commit writes the
-    same time into every event and the run row)."""
-    if at is None:
-        return None
-    last, text = _adapted
-    if at is not last:
-        text = db.ops.adapt_datetimefield_value(at)
-        _adapted[:] = [at, text]
-    return text
-
-
-def _insert_with_orm(rows: Sequence[EventRow]) -> None:
+    """Insert chained rows on this thread's connection (the caller's transaction). The loop's
+    commits insert theirs through the engine's committer (``runtime.engines``)."""
     from .models import Event
 
     Event.objects.bulk_create([

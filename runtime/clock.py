@@ -12,22 +12,26 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The time leases are judged by: this machine's clock in UTC on SQLite (one machine), the
-    database server's clock on PostgreSQL, so workers on several machines agree on expiry
-    however far their own clocks drift (design §6)."""
+    """This machine's clock in UTC: the time events are stamped with.
+
+    Leases are not judged by it where the database has a clock of its own: ``database_time``
+    tells the committers to compare and set lease expiries with PostgreSQL's
+    ``clock_timestamp()`` inside the fencing statement, so workers on several machines agree
+    on expiry however far their own clocks drift (design §6). On SQLite (one machine) the
+    committer reads this clock inside the write transaction.
+    """
+
+    database_time = True
 
     def now(self) -> datetime:
-        from django.db import connection  # per thread: the heartbeat asks on its own
-
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT clock_timestamp()")
-                return cursor.fetchone()[0].astimezone(UTC)
         return datetime.now(UTC)
 
 
 class ManualClock:
-    """A clock that moves only when told to; thread-safe."""
+    """A clock that moves only when told to; thread-safe. Leases are judged by it on every
+    engine (its value is bound into the fencing statements), so tests move time by hand."""
+
+    database_time = False
 
     def __init__(self, start: datetime | None = None) -> None:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,41 +1,39 @@
-"""Asking the LLM for a step's decision: the request, bounded retries with recorded backoff,
-usage charged to the run, and the budget checked before anything is decided."""
+"""Deciding a step: asking the LLM (bounded retries with recorded backoff, usage charged to the
+run, the budget checked before anything is decided), then applying its decision: a final
+answer, a failed request, or a tool call put through policy."""
 
 from __future__ import annotations
 
 import random
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
-from django.db.models import F
 
 from . import crashpoints
 from .canonical import check_payload, dumps
 from .crashpoints import CrashPoint
-from .errors import LeaseLost, LLMError
+from .errors import InvalidArguments, InvalidPayload, LeaseLost, LLMError, ToolNotRegistered
+from .execution import Execution
 from .llm import Decision, FinalAnswer, LLMResponse, ToolCall
 from .models import FailureCode, Step, StepStatus
-
-if TYPE_CHECKING:
-    from .driver import Execution
+from .plan import Add, Plan
 
 # The longest a wait before an LLM retry goes without checking the lease and should_stop.
 _WAIT_SLICE = 0.2
 
 
 def decide(ex: Execution, step: Step) -> Step | None:
-    tx = ex.tx()
+    plan = ex.plan()
     if ex.planned:
         decision = _decision_from_json(ex.planned.pop(0))
-        tx.run_fields["planned"] = list(ex.planned)
-        return ex.apply_decision(tx, step, decision)
+        plan.run["planned"] = list(ex.planned)
+        return apply_decision(ex, plan, step, decision)
     attempt = 1
     while True:
-        if ex.lease.lost:
-            raise LeaseLost(ex.lease.run_id, ex.lease.owner, "lease lost (heartbeat)")
+        ex.check_lease()
         if ex.should_stop():  # the step stays deciding; whoever claims it next decides it
-            ex.stop_here(tx)
+            ex.stop_here(plan)
             return None
         crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=ex.run.pk,
                             step_index=step.index)
@@ -49,26 +47,68 @@ def decide(ex: Execution, step: Step) -> Step | None:
             if not llm_failed(ex, step, exc, attempt):
                 return None
         attempt += 1
-        tx = ex.tx()
-    tx = ex.tx()
+        plan = ex.plan()
+    plan = ex.plan()
     usage = response.usage
-    tx.event("llm.responded", {"tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out,
-                               "cost": str(usage.cost), "decisions": len(decisions)},
-             step.index)
-    tx.run_fields.update(tokens_in=F("tokens_in") + usage.tokens_in,
-                         tokens_out=F("tokens_out") + usage.tokens_out,
-                         cost=F("cost") + Decimal(usage.cost))
+    plan.event("llm.responded", {"tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out,
+                                 "cost": str(usage.cost), "decisions": len(decisions)},
+               step.index)
+    plan.run.update(tokens_in=Add(usage.tokens_in), tokens_out=Add(usage.tokens_out),
+                    cost=Add(Decimal(usage.cost)))
     ex.tokens += usage.tokens_in + usage.tokens_out
     ex.cost += Decimal(usage.cost)
     ex.planned = [_decision_to_json(d) for d in decisions[1:]]
-    tx.run_fields["planned"] = list(ex.planned)
-    over = over_budget(ex)
+    plan.run["planned"] = list(ex.planned)
+    over = ex.usage_budget_error()
     if over:
-        tx.step_update(step, status=StepStatus.FAILED, error=over, finished_at=tx.now)
-        ex.fail(tx, FailureCode.BUDGET_EXCEEDED, over)
-        ex.commit(tx)
+        plan.step_update(step, status=StepStatus.FAILED, error=over, finished_at=plan.at)
+        ex.fail(plan, FailureCode.BUDGET_EXCEEDED, over)
+        ex.commit(plan)
         return None
-    return ex.apply_decision(tx, step, decisions[0])
+    return apply_decision(ex, plan, step, decisions[0])
+
+
+def apply_decision(ex: Execution, plan: Plan, step: Step, decision: Decision) -> Step | None:
+    """Record what the LLM decided and act on it: finish, fail the step, or gate the tool."""
+    idx = step.index
+    if isinstance(decision, FinalAnswer):
+        try:
+            output = check_payload("final answer", decision.output)
+        except InvalidPayload as exc:
+            plan.step_update(step, status=StepStatus.FAILED, error=str(exc), finished_at=plan.at)
+            ex.fail(plan, FailureCode.ERROR, str(exc))
+            ex.commit(plan)
+            return None
+        plan.event("step.decided", {"final": True, "output": output}, idx)
+        plan.step_update(step, status=StepStatus.SUCCEEDED, result=output, finished_at=plan.at)
+        ex.finish(plan, output)
+        plan.crash_after(CrashPoint.AFTER_STEP_DECIDED, idx)
+        ex.commit(plan)
+        return None
+    tool = ex.agent.tools.get(decision.tool)
+    error = ""
+    try:
+        arguments = check_payload("tool arguments", decision.arguments)
+    except InvalidPayload as exc:
+        arguments, error = None, str(exc)
+    effect = tool.effect if tool is not None else ""
+    plan.event("step.decided", {"tool": decision.tool, "arguments": arguments, "effect": effect,
+                                "idempotency_key": step.idempotency_key}, idx)
+    plan.step_update(step, tool=decision.tool, arguments=arguments, effect=effect)
+    plan.crash_after(CrashPoint.AFTER_STEP_DECIDED, idx)
+    if not error:
+        try:
+            if tool is None:
+                raise ToolNotRegistered(ex.agent.name, decision.tool)
+            tool.validate(arguments)
+        except (ToolNotRegistered, InvalidArguments) as exc:
+            error = str(exc)
+    if error:
+        plan.event("step.tool_failed", {"error": error, "started": False}, idx)
+        plan.step_update(step, status=StepStatus.FAILED, error=error, finished_at=plan.at)
+        ex.remember(step)
+        return ex.begin_step(plan, idx + 1)
+    return ex.gate_and_start(plan, step, tool)
 
 def llm_failed(ex: Execution, step: Step, exc: Exception, attempt: int) -> bool:
     """Record a failed LLM request; True once the same request may be sent again.
@@ -85,23 +125,23 @@ def llm_failed(ex: Execution, step: Step, exc: Exception, attempt: int) -> bool:
     payload: dict[str, Any] = {"error": message, "attempt": attempt, "retryable": retryable}
     if isinstance(exc, LLMError) and exc.status is not None:
         payload["status"] = exc.status
-    tx = ex.tx()
+    plan = ex.plan()
     if not retryable or attempt > _llm_retries(ex.agent.llm):
-        tx.event("llm.failed", payload, step.index)
-        tx.step_update(step, status=StepStatus.FAILED, error=message, finished_at=tx.now)
-        ex.fail(tx, FailureCode.ERROR, f"LLM request failed: {message}")
-        ex.commit(tx)
+        plan.event("llm.failed", payload, step.index)
+        plan.step_update(step, status=StepStatus.FAILED, error=message, finished_at=plan.at)
+        ex.fail(plan, FailureCode.ERROR, f"LLM request failed: {message}")
+        ex.commit(plan)
         return False
     delay = _retry_delay(attempt, exc.retry_after)
-    tx.event("llm.failed", {**payload, "retry_in": delay}, step.index)
-    ex.commit(tx)
+    plan.event("llm.failed", {**payload, "retry_in": delay}, step.index)
+    ex.commit(plan)
     if not wait_before_retry(ex, delay):
-        ex.stop_here(ex.tx())
+        ex.stop_here(ex.plan())
         return False
-    tx = ex.tx()
-    tx.event("llm.requested", {"request": ex.llm_requests, "attempt": attempt + 1},
-             step.index)
-    ex.commit(tx)  # gated: the retry goes out only under a live, unexpired lease
+    plan = ex.plan()
+    plan.event("llm.requested", {"request": ex.llm_requests, "attempt": attempt + 1},
+               step.index)
+    ex.commit(plan)  # gated: the retry goes out only under a live, unexpired lease
     return True
 
 def wait_before_retry(ex: Execution, seconds: float) -> bool:
@@ -111,24 +151,14 @@ def wait_before_retry(ex: Execution, seconds: float) -> bool:
     """
     remaining = seconds
     while True:
-        if ex.lease.lost:
-            raise LeaseLost(ex.lease.run_id, ex.lease.owner, "lease lost (heartbeat)")
+        ex.check_lease()
         if ex.should_stop():
             return False
         if remaining <= 0:
             return True
         chunk = min(remaining, _WAIT_SLICE)
-        ex.driver.sleep(chunk)
+        ex.sleep(chunk)
         remaining -= chunk
-
-def over_budget(ex: Execution) -> str:
-    budget = ex.agent.budget
-    if budget.max_tokens is not None and ex.tokens > budget.max_tokens:
-        return f"{ex.tokens} tokens exceed the budget of {budget.max_tokens}"
-    if budget.max_cost is not None and ex.cost > Decimal(budget.max_cost):
-        return f"cost {ex.cost} exceeds the budget of {budget.max_cost}"
-    return ""
-
 
 def _llm_retries(llm: Any) -> int:
     limit = getattr(llm, "max_retries", None)

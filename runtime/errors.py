@@ -178,3 +178,19 @@ class LLMError(AgentRuntimeError):
         self.message, self.retryable = message, retryable
         self.retry_after, self.status = retry_after, status
         super().__init__(message)
+
+
+class ProtocolMismatch(AgentRuntimeError):
+    """The database speaks another runtime protocol than this code: it claims nothing."""
+
+    def __init__(self, database: int | None, code: int) -> None:
+        self.database, self.code = database, code
+        if database is None:
+            why = "the database carries no protocol version: run `manage.py migrate` first"
+        elif database > code:
+            why = (f"the database speaks protocol {database}, this worker only {code}: it is "
+                   "older than the runtime that migrated the database; deploy the new version")
+        else:
+            why = (f"the database speaks protocol {database}, this worker {code}: run "
+                   "`manage.py migrate` before starting workers of this version")
+        super().__init__(f"refusing to claim runs: {why}")

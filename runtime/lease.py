@@ -2,6 +2,10 @@
 
 The heartbeat runs on its own thread, so it has its own database connection (Django
 connections are per thread) and a tool that holds the loop's connection cannot starve it.
+Each beat renews every lease the process holds in one statement, before it writes anything
+else; a database fault costs that beat only (the connection is dropped, the next beat opens a
+new one), and a lease it could not renew simply runs out: the fence then refuses the loop's
+next outside call.
 """
 
 from __future__ import annotations
@@ -12,13 +16,13 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from .clock import SYSTEM_CLOCK, Clock
-from .models import Run, RunStatus
-from .store import Lease
+from .engines import engine
+from .store import Lease, close_connection
 
 log = logging.getLogger("runtime.lease")
 
@@ -28,20 +32,24 @@ def make_owner(name: str = "runtime") -> str:
     return f"{name}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-def lease_renew(lease: Lease, *, lease_seconds: float, now: datetime) -> bool:
-    """Extend a lease this owner still holds and that has not yet expired (compare-and-set).
+def lease_renew(leases: list[Lease], *, lease_seconds: float, clock: Any = SYSTEM_CLOCK
+                ) -> list[Lease]:
+    """Extend every lease in ``leases`` its owner still holds unexpired, in one statement
+    (compare-and-set on owner and epoch); returns those that were not renewed.
 
     An expired lease is never revived: once lapsed it is lost, even if nobody took the run.
     """
-    expires = now + timedelta(seconds=lease_seconds)
-    updated = Run.objects.filter(
-        pk=lease.run_id, status=RunStatus.RUNNING, lease_owner=lease.owner,
-        lease_epoch=lease.epoch, lease_expires_at__gt=now,
-    ).update(lease_expires_at=expires)
-    if updated == 1:
-        lease.expires_at = expires
-        return True
-    return False
+    if not leases:
+        return []
+    renewed = engine().renew(leases, lease_seconds, clock)
+    missed = []
+    for lease in leases:
+        expires = renewed.get((lease.run_id, lease.epoch, lease.owner))
+        if expires is not None:
+            lease.expires_at = expires
+        else:
+            missed.append(lease)
+    return missed
 
 
 class LeaseKeeper:
@@ -96,23 +104,29 @@ class LeaseKeeper:
             connection.close()
 
     def renew_now(self) -> None:
-        """One heartbeat: renew all held leases in one transaction; mark lost ones."""
-        leases = self.held()
-        now = self.clock.now()
+        """One heartbeat: renew all held leases in one statement, then the rest (``on_tick``).
+
+        A lease not renewed is lost, unless its run ended meanwhile: the loop marks a lease
+        ``ending`` before the commit that gives it up, and drops it from the keeper after.
+        """
         try:
-            if leases:
-                with transaction.atomic():
-                    lost = [lease for lease in leases
-                            if not lease_renew(lease, lease_seconds=self.lease_seconds, now=now)]
+            missed = lease_renew(self.held(), lease_seconds=self.lease_seconds,
+                                 clock=self.clock)
+            with self._lock:
+                lost = [lease for lease in missed
+                        if lease in self._leases and not lease.ending]
                 for lease in lost:
                     lease.lost = True
-                    self.discard(lease)
-                    log.warning("run=%s lease lost (owner %s, epoch %s)", lease.run_id,
-                                lease.owner, lease.epoch)
+                    self._leases.discard(lease)
+            for lease in lost:
+                log.warning("run=%s lease lost (owner %s, epoch %s)", lease.run_id,
+                            lease.owner, lease.epoch)
             if self.on_tick is not None:
                 self.on_tick()
-        except Exception:  # a failed heartbeat must not kill the thread; the next one retries
-            log.exception("heartbeat failed")
+        except Exception as exc:  # a failed beat must not kill the thread; the next one retries
+            log.warning("heartbeat failed: %s", " ".join(str(exc).split())[:300]
+                        or type(exc).__name__)
+            close_connection()
         finally:
             with self._cond:
                 self.ticks += 1

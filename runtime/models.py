@@ -218,3 +218,14 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.owner
+
+
+class Protocol(models.Model):
+    """The runtime protocol this database speaks (one row); workers of another refuse to claim.
+
+    Raised by the migration that changes what workers write (see ``runtime.protocol``)."""
+
+    version = models.IntegerField()
+
+    def __str__(self) -> str:
+        return f"protocol {self.version}"

@@ -1,5 +1,10 @@
 """The engine behind ``manage.py runworker``: claim runs, execute them on threads, keep their
 leases alive, take over the runs of dead workers, and stop without leaving work in flight.
+
+A worker never dies of a database error: a claim that meets a busy, restarted or unreachable
+database logs one line, drops its connection, backs off with jitter and tries again; a run's
+commit rides the fault out the same way (``runtime.store``). Idle workers wake when a run
+becomes ready: on PostgreSQL by ``LISTEN``, on SQLite by the file's ``data_version``.
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from .backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from .backends.sqlite3.base import writer_stats
+from .claims import Acquired, acquired_crash_points, run_claim_next, run_release
 from .clock import SYSTEM_CLOCK, Clock
 from .driver import Driver
-from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
+from .errors import LeaseLost, ProtocolMismatch
 from .lease import LeaseKeeper, make_owner
-from .models import Run, RunStatus
+from .listen import ReadyListener
+from .models import Run
 from .models import Worker as WorkerRow
 from .procs import boot_id, hostname, own_process_start, owner_provably_dead
-from .store import Acquired, Lease, run_release
+from .protocol import protocol_check
+from .store import DATABASE_FAULTS, Lease, pause_after_fault
 
 log = logging.getLogger("runtime.worker")
 
@@ -72,41 +80,78 @@ class Worker:
         self._slots: list[_Slot] = []
         self._free: list[_Slot] = []
         self.finished = 0
+        self.faults = 0  # database faults ridden out by the claiming loop
+        self.refusal: ProtocolMismatch | None = None
+        self._listener: ReadyListener | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code."""
-        self._register()
+        """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code:
+        0, or 3 when the database speaks another protocol (nothing is claimed)."""
+        try:
+            protocol_check(force=True)
+        except ProtocolMismatch as exc:
+            log.error("worker %s: %s", self.owner, exc)
+            self.refusal = exc
+            return 3
+        if not self._register():
+            return 0  # asked to stop before the database ever answered
+        if connection.vendor == "postgresql":
+            self._listener = ReadyListener()
         self.keeper.start()
         self._slots = [_Slot(self, n) for n in range(self.concurrency)]
         self._free = list(self._slots)
         log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s", self.owner,
                  self.concurrency, self.lease_seconds, self.poll_interval,
                  f", agents {', '.join(self.agents)}" if self.agents else "")
+        delay = 0.05
         try:
             while not self._stop.is_set():
-                seen = _data_version()  # before the claim: a commit during it wakes us
-                claimed = self._fill_slots()
+                try:
+                    seen = _data_version()  # before the claim: a commit during it wakes us
+                    claimed = self._fill_slots()
+                except ProtocolMismatch as exc:
+                    log.error("worker %s: %s", self.owner, exc)
+                    self.refusal = exc
+                    break
+                except DATABASE_FAULTS as exc:
+                    self.faults += 1
+                    log.warning("worker %s: database fault while claiming, retrying in "
+                                "%.2fs: %s", self.owner, delay, _one_line(exc))
+                    pause_after_fault(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                delay = 0.05
                 if self.burst and not claimed and not self._running():
                     log.info("worker %s: nothing left to run (burst)", self.owner)
                     break
                 self._idle(seen)
         finally:
             self._shutdown()
-        return 0
+        return 3 if self.refusal is not None else 0
 
     def _idle(self, seen: int | None) -> None:
         """Wait until the next poll, or less: a run that became claimable (an approval, a new
-        run, a release) is a commit by another connection, which SQLite's ``data_version``
-        shows; watching it every ``WATCH_SECONDS`` costs one PRAGMA, a claim query costs more."""
+        run, a release) wakes the worker. On PostgreSQL it is a notification on the worker's
+        listening connection; on SQLite a commit by another connection, which ``data_version``
+        shows (one PRAGMA every ``WATCH_SECONDS``; a claim costs the write lock)."""
         deadline = time.monotonic() + self.poll_interval
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or self._wake.wait(min(WATCH_SECONDS, left)):
+            if left <= 0 or self._wake.is_set():
                 break
-            if seen is not None and _data_version() != seen:
+            if self._listener is not None:
+                if self._listener.wait(min(WATCH_SECONDS, left)):
+                    break
+                continue
+            if self._wake.wait(min(WATCH_SECONDS, left)):
                 break
+            try:
+                if seen is not None and _data_version() != seen:
+                    break
+            except DATABASE_FAULTS:
+                break  # the claim that follows meets the fault and backs off
         self._wake.clear()
 
     def request_stop(self) -> None:
@@ -130,16 +175,26 @@ class Worker:
             stuck = [(run_id, lease) for run_id, (done, lease) in self._active.items()
                      if not done.is_set()]
         for run_id, lease in stuck:
-            released = run_release(lease, now=self.clock.now(),
-                                   reason="worker stopped after its grace period")
+            try:
+                released = run_release(lease, clock=self.clock,
+                                       reason="worker stopped after its grace period")
+            except DATABASE_FAULTS as exc:
+                log.warning("run=%s could not be released (%s); its lease will expire", run_id,
+                            _one_line(exc))
+                continue
             log.warning("run=%s owner=%s %s after the grace period", run_id, self.owner,
                         "released" if released else "already lost")
         for slot in self._slots:
             slot.stop()  # a slot stuck in a call it never returns from dies with the process
         self.keeper.stop()
-        WorkerRow.objects.filter(owner=self.owner).delete()
-        log.info("worker %s stopped (%d runs handled)%s", self.owner, self.finished,
-                 _writer_summary())
+        if self._listener is not None:
+            self._listener.close()
+        try:
+            WorkerRow.objects.filter(owner=self.owner).delete()
+        except DATABASE_FAULTS as exc:  # the row goes stale; the console shows its age
+            log.warning("worker %s: could not remove its row: %s", self.owner, _one_line(exc))
+        log.info("worker %s stopped (%d runs handled, %d database faults ridden out)%s",
+                 self.owner, self.finished, self.faults, _writer_summary())
         connection.close()
 
     # -- claiming -----------------------------------------------------------------------------
@@ -159,32 +214,14 @@ class Worker:
         return claimed
 
     def _claim_one(self) -> Acquired | None:
-        for run_id in self._candidates():
-            with self._lock:
-                if run_id in self._active:
-                    continue
-            try:
-                return self.driver.acquire(run_id)
-            except (RunLeased, RunNotResumable, RunNotFound):
-                continue  # another worker won it, or it moved on: try the next one
-        return None
-
-    def _candidates(self) -> list[int]:
-        """Runs to try, oldest first: expired leases, dead same-host owners, then queued."""
-        limit = self.concurrency * 2
-        runs = Run.objects.all()
-        if self.agents:
-            runs = runs.filter(agent__in=self.agents)
-        now = self.clock.now()
-        ids = list(runs.filter(status=RunStatus.RUNNING, lease_expires_at__lte=now)
-                   .order_by("lease_expires_at").values_list("pk", flat=True)[:limit])
-        dead = self._dead_owners()
-        if dead:
-            ids += list(runs.filter(status=RunStatus.RUNNING, lease_owner__in=dead)
-                        .order_by("pk").values_list("pk", flat=True)[:limit])
-        ids += list(runs.filter(status=RunStatus.QUEUED).order_by("pk")
-                    .values_list("pk", flat=True)[:limit])
-        return ids
+        with self._lock:
+            mine = list(self._active)
+        acquired = run_claim_next(
+            self.owner, lease_seconds=self.lease_seconds, clock=self.clock, agents=self.agents,
+            dead_owners=self._dead_owners(), exclude=mine)
+        if acquired is not None:
+            acquired_crash_points(acquired)
+        return acquired
 
     def _dead_owners(self) -> list[str]:
         rows = WorkerRow.objects.filter(host=hostname(), boot_id=boot_id()).exclude(
@@ -216,6 +253,12 @@ class Worker:
             log.info("run=%s owner=%s left %s", run_id, self.owner, run.status)
         except LeaseLost as exc:
             log.warning("run=%s owner=%s stopped: %s", run_id, self.owner, exc.reason)
+        except DATABASE_FAULTS as exc:
+            # The database stayed away longer than a commit waits: the lease runs out and
+            # whoever takes the run over applies the interruption contract to its step.
+            log.warning("run=%s owner=%s stopped by a database fault; its lease will expire: "
+                        "%s", run_id, self.owner, _one_line(exc))
+            connection.close()
         except Exception:
             # A bug or a database failure: leave the lease to expire, so the run is taken over
             # and the interruption contract decides what to do with its step. The slot's next
@@ -233,16 +276,40 @@ class Worker:
 
     # -- the Worker row -----------------------------------------------------------------------
 
-    def _register(self) -> None:
-        now = self.clock.now()
-        WorkerRow.objects.create(
-            owner=self.owner, name=self.name, host=hostname(), pid=os.getpid(),
-            boot_id=boot_id(), proc_start=own_process_start(), started_at=now,
-            heartbeat_at=now, concurrency=self.concurrency, lease_seconds=self.lease_seconds)
+    def _register(self) -> bool:
+        """Insert this process's row, riding out database faults; False if told to stop."""
+        delay = 0.05
+        while not self._stop.is_set():
+            now = self.clock.now()
+            try:
+                WorkerRow.objects.create(
+                    owner=self.owner, name=self.name, host=hostname(), pid=os.getpid(),
+                    boot_id=boot_id(), proc_start=own_process_start(), started_at=now,
+                    heartbeat_at=now, concurrency=self.concurrency,
+                    lease_seconds=self.lease_seconds)
+                return True
+            except DATABASE_FAULTS as exc:
+                log.warning("worker %s: database fault while registering, retrying in %.2fs: "
+                            "%s", self.owner, delay, _one_line(exc))
+                pause_after_fault(delay)
+                delay = min(delay * 2, 5.0)
+        return False
 
     def _beat(self) -> None:
+        """After the leases are renewed: the worker's row, and the protocol check (a database
+        upgraded under a running worker stops its claims)."""
         WorkerRow.objects.filter(owner=self.owner).update(
             heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))
+        try:
+            protocol_check()
+        except ProtocolMismatch as exc:
+            log.error("worker %s: %s", self.owner, exc)
+            self.refusal = exc
+            self.request_stop()  # runs in flight finish their call; nothing new is claimed
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def _writer_summary() -> str:

@@ -19,8 +19,8 @@ from django.db import connection
 from django.db.models import Model
 
 from runtime.approvals import pending
+from runtime.claims import runnable
 from runtime.models import Approval, Run, Step
-from runtime.worker import Worker
 
 AGENTS = ("bench_read", "bench_write", "hello", "refunds")
 OPEN = 25  # waiting runs with a pending approval, and as many queued runs, in every size
@@ -166,8 +166,6 @@ def measure(path: Path, sizes: list[int], reps: int) -> Iterator[dict[str, Any]]
     """For each size: fill, then time each query (fastest and median of ``reps``) and record
     its plan."""
     filler = Filler(path)
-    worker = Worker(name="bench-scale", concurrency=1)
-    worker_agents = Worker(name="bench-scale", concurrency=1, agents=["bench_read"])
     try:
         filler.open_work()
         for size in sizes:
@@ -179,10 +177,13 @@ def measure(path: Path, sizes: list[int], reps: int) -> Iterator[dict[str, Any]]
                 list(make())  # warm the page cache
                 row["queries"][name] = {**_timed(lambda m=make: list(m()), reps),
                                         "plan": _plan(make())}
-            row["queries"]["claim: worker candidates (all)"] = {
-                **_timed(worker._candidates, reps), "plan": "the three queries above"}
-            row["queries"]["claim: worker candidates (--agents)"] = {
-                **_timed(worker_agents._candidates, reps), "plan": "as above, by agent"}
+            for name, agents in (("claim: next runnable (all)", ()),
+                                 ("claim: next runnable (--agents)", ("bench_read",))):
+                def claim_query(agents: tuple = agents) -> Any:
+                    return runnable(agents=agents)
+                list(claim_query()[:1])
+                row["queries"][name] = {**_timed(lambda q=claim_query: list(q()[:1]), reps),
+                                        "plan": _plan(claim_query()[:1])}
             yield row
     finally:
         filler.close()

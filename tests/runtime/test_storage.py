@@ -9,9 +9,10 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from runtime import FinalAnswer, ToolCall, resume, start, store
+from runtime import FinalAnswer, ToolCall, resume, start
 from runtime.agents import registry
 from runtime.crashpoints import CrashPoint
+from runtime.engines import sqlite as sqlite_engine
 from runtime.errors import SimulatedCrash
 from runtime.lease import LeaseKeeper
 from runtime.models import Event, Run, Step
@@ -86,12 +87,14 @@ def test_a_failure_between_state_update_and_event_insert_stores_neither(rdb, tmp
         run = start("s", {})
         before = Run.objects.values().get(pk=run.pk)
 
-        def boom_when_run(rows):
-            def insert():
-                raise OSError("disk fell off between the update and the insert")
-            return insert
+        real = sqlite_engine.execute
 
-        monkeypatch.setattr(store, "prepare_events", boom_when_run)
+        def boom_at_the_events(db, sql, params):
+            if sql.startswith('INSERT INTO "runtime_event"'):
+                raise OSError("disk fell off between the update and the insert")
+            return real(db, sql, params)
+
+        monkeypatch.setattr(sqlite_engine, "execute", boom_at_the_events)
         with pytest.raises(OSError):
             resume(run.pk, lease_seconds=5)
         monkeypatch.undo()

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
 from runtime import crashpoints
 from runtime.agents import registry
@@ -30,7 +31,9 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=1, help="threads (default 1)")
         parser.add_argument("--name", default="worker", help="lease owner name prefix")
         parser.add_argument("--lease-seconds", type=float, default=None)
-        parser.add_argument("--poll-interval", type=float, default=0.5)
+        parser.add_argument("--poll-interval", type=float, default=None,
+                            help="seconds between looks for expired leases (default 0.5 on "
+                            "SQLite, 2 on PostgreSQL, where LISTEN wakes idle workers)")
         parser.add_argument("--grace-seconds", type=float, default=30.0)
         parser.add_argument("--burst", action="store_true", help="drain what is runnable, exit")
         parser.add_argument("--agents", nargs="*", default=[], help="only runs of these agents")
@@ -51,7 +54,9 @@ class Command(BaseCommand):
         crashpoints.arm_from_env()  # the crash test kit arms this process through its env
         worker = Worker(
             name=opts["name"], concurrency=opts["concurrency"],
-            lease_seconds=opts["lease_seconds"], poll_interval=opts["poll_interval"],
+            lease_seconds=opts["lease_seconds"],
+            poll_interval=opts["poll_interval"] or (
+                2.0 if connection.vendor == "postgresql" else 0.5),
             grace_seconds=opts["grace_seconds"], agents=opts["agents"], burst=opts["burst"])
         signals = {"count": 0}
 
@@ -63,4 +68,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        sys.exit(worker.run())
+        code = worker.run()
+        if worker.refusal is not None:
+            self.stderr.write(str(worker.refusal))
+        sys.exit(code)

@@ -1,0 +1,185 @@
+"""Taking and handing back a run's lease: claim a queued run, take over one whose owner is gone,
+release one from outside its loop.
+
+A claim is one transaction: the run row is locked (PostgreSQL: ``FOR UPDATE``, and ``SKIP
+LOCKED`` when any runnable run will do, so N workers claim N different runs; SQLite: the write
+lock), judged by the database's time, and moved by its plan in the same transaction. Nobody can
+change the row between the look and the write, and the plan's compare-and-set checks it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import BooleanField, Case, ExpressionWrapper, IntegerField, Q, Value, When
+
+from . import crashpoints
+from .audit import log_events
+from .clock import SYSTEM_CLOCK
+from .crashpoints import CrashPoint
+from .engines import Refused, engine
+from .errors import RunLeased, RunNotFound, RunNotResumable
+from .models import IN_FLIGHT_STEP_STATUSES, Run, RunStatus, Step
+from .plan import Fence, Plan, TakeLease, interrupt_step
+from .protocol import protocol_check
+from .store import Lease, lease_commit, lease_plan, now_expression
+
+
+@dataclass
+class Acquired:
+    """The outcome of a claim: the lease, the run as claimed, and what happened."""
+
+    lease: Lease
+    run: Run
+    taken_over: bool
+    resumed: bool
+    interrupted_step: int | None
+
+
+def _with_expiry(runs: Any, clock: Any) -> Any:
+    """Annotate whether each run's lease has expired, by the database's time."""
+    return runs.annotate(expired=ExpressionWrapper(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now_expression(clock)),
+        output_field=BooleanField()))
+
+
+def run_acquire(
+    run_id: int,
+    owner: str,
+    *,
+    lease_seconds: float,
+    clock: Any = SYSTEM_CLOCK,
+    owner_is_dead: Callable[[Run], bool] | None = None,
+) -> Acquired:
+    """Take this run's lease: claim it if queued, take it over if its lease has expired (or
+    its owner is proved dead). A live lease held by anyone raises ``RunLeased``, changing
+    nothing."""
+    protocol_check()
+    eng = engine()
+    with eng.transaction():
+        try:
+            run = _with_expiry(Run.objects.select_for_update(**eng.lock_suffix(False)),
+                               clock).get(pk=run_id)
+        except (Run.DoesNotExist, ValueError, TypeError):
+            raise RunNotFound(run_id) from None
+        if run.status == RunStatus.RUNNING and not run.expired:
+            if not (owner_is_dead and owner_is_dead(run)):
+                raise RunLeased(run.pk, run.lease_owner, run.lease_expires_at)
+            return _take(run, owner, lease_seconds, clock, reason="owner proved dead")
+        if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+            raise RunNotResumable(run.pk, run.status)
+        return _take(run, owner, lease_seconds, clock)
+
+
+def run_claim_next(
+    owner: str,
+    *,
+    lease_seconds: float,
+    clock: Any = SYSTEM_CLOCK,
+    agents: Sequence[str] = (),
+    dead_owners: Sequence[str] = (),
+    exclude: Sequence[int] = (),
+) -> Acquired | None:
+    """Claim the next runnable run, or None: runs whose lease expired or whose owner is
+    proved dead first (their steps wait), then queued runs, oldest first."""
+    protocol_check()
+    eng = engine()
+    with eng.transaction():
+        runs = runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude)
+        run = _with_expiry(runs.select_for_update(**eng.lock_suffix(True)), clock).first()
+        if run is None:
+            return None
+        reason = "" if run.status == RunStatus.QUEUED or run.expired else "owner proved dead"
+        return _take(run, owner, lease_seconds, clock, reason=reason)
+
+
+def runnable(clock: Any = SYSTEM_CLOCK, *, agents: Sequence[str] = (),
+             dead_owners: Sequence[str] = (), exclude: Sequence[int] = ()) -> Any:
+    """Runs a worker may claim, in the order it claims them: expired or dead owners' runs
+    first, then queued runs, oldest first."""
+    ready = Q(status=RunStatus.QUEUED) | Q(
+        status=RunStatus.RUNNING, lease_expires_at__lte=now_expression(clock))
+    if dead_owners:
+        ready |= Q(status=RunStatus.RUNNING, lease_owner__in=list(dead_owners))
+    runs = Run.objects.filter(ready)
+    if agents:
+        runs = runs.filter(agent__in=list(agents))
+    if exclude:
+        runs = runs.exclude(pk__in=list(exclude))
+    first = Case(When(status=RunStatus.RUNNING, then=Value(0)), default=Value(1),
+                 output_field=IntegerField())
+    return runs.order_by(first, "pk")
+
+
+def _take(run: Run, owner: str, seconds: float, clock: Any, reason: str = "") -> Acquired:
+    """Claim (queued) or take over (running) ``run``, locked by the caller's transaction."""
+    epoch = run.lease_epoch + 1
+    plan = Plan(run_id=run.pk, at=clock.now(), actor=owner, head=run.event_hash,
+                fence=Fence(seq=run.event_seq, epoch=run.lease_epoch, status=(run.status,),
+                            expired=run.status == RunStatus.RUNNING and not reason),
+                take=TakeLease(owner, epoch, seconds), run={"status": RunStatus.RUNNING})
+    step = None
+    taken_over = run.status == RunStatus.RUNNING
+    resumed = taken_over or run.lease_epoch > 0
+    if taken_over:
+        step = (Step.objects.filter(run_id=run.pk, status__in=IN_FLIGHT_STEP_STATUSES)
+                .order_by("-index").first())
+        plan.event("lease.taken_over", {
+            "owner": owner, "epoch": epoch, "lease_seconds": seconds,
+            "previous_owner": run.lease_owner, "previous_epoch": run.lease_epoch,
+            "previous_expires_at": _iso(run.lease_expires_at),
+            "reason": reason or "lease expired"})
+        plan.event("run.resumed", {"owner": owner, "after": "takeover"})
+        if step is not None:
+            interrupt_step(plan, step, previous_owner=run.lease_owner)
+    else:
+        plan.event("lease.taken", {"owner": owner, "epoch": epoch, "lease_seconds": seconds})
+        plan.event("run.resumed" if resumed else "run.started", {"owner": owner})
+    try:
+        committed = engine().apply_in_tx(plan, clock)
+    except Refused:  # the row is locked: only a bug can move it under us
+        raise RunNotResumable(run.pk, "changed while claiming") from None
+    interrupted = step.index if step is not None else None
+    log_events(committed.rows)
+    run.status, run.lease_owner, run.lease_epoch = RunStatus.RUNNING, owner, epoch
+    run.lease_expires_at, run.event_seq, run.event_hash = (committed.expires_at, committed.seq,
+                                                           committed.head)
+    lease = Lease(run.pk, owner, epoch, committed.expires_at, committed.seq, committed.head,
+                  seconds=seconds)
+    return Acquired(lease, run, taken_over, resumed, interrupted)
+
+
+def acquired_crash_points(acquired: Acquired) -> None:
+    """The crash points of a claim, reached after its commit."""
+    run_id, step = acquired.run.pk, acquired.interrupted_step
+    if acquired.resumed:
+        crashpoints.reached(CrashPoint.AFTER_RUN_RESUMED, run_id=run_id, step_index=step)
+    if step is not None:
+        crashpoints.reached(CrashPoint.AFTER_STEP_INTERRUPTED, run_id=run_id, step_index=step)
+
+
+def run_release(lease: Lease, *, clock: Any = SYSTEM_CLOCK, reason: str) -> bool:
+    """Hand a run back to the queue from outside its loop (a stopping worker past its grace
+    period). A step still in flight is marked interrupted in the same transaction, so whoever
+    claims the run next applies the interruption contract to it. False if the lease was gone."""
+    from .errors import LeaseLost
+
+    step = (Step.objects.filter(run_id=lease.run_id, status__in=IN_FLIGHT_STEP_STATUSES)
+            .order_by("-index").first())
+    plan = lease_plan(lease, clock.now())
+    if step is not None:
+        interrupt_step(plan, step, reason=reason)
+    plan.event("run.released", {"reason": reason})
+    plan.event("lease.released", {"owner": lease.owner, "epoch": lease.epoch})
+    plan.run.update(status=RunStatus.QUEUED, lease_owner="", lease_expires_at=None)
+    try:
+        lease_commit(lease, plan, clock)
+    except LeaseLost:
+        return False
+    return True
+
+
+def _iso(at: Any) -> str | None:
+    return at.isoformat() if at is not None else None

@@ -1,0 +1,110 @@
+"""One committer per engine: each executes a run's ``Plan`` as one commit.
+
+``engine()`` gives the committer for the default connection's vendor. Both write the same
+statements (``runtime.engines.sql``); they differ in how a commit is carried (SQLite: a lean
+``BEGIN IMMEDIATE`` behind the writer queue; PostgreSQL: one statement of data-modifying CTEs,
+a single round trip) and in whose clock judges a lease (PostgreSQL: the server's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from ..audit import EventRow
+from ..plan import Plan
+from .sql import NOW, NowPlus
+
+
+class Refused(Exception):
+    """The plan's fence no longer holds (or an approval it needs has moved): nothing written."""
+
+    def __init__(self, reason: str = "fence", approval_id: int | None = None) -> None:
+        self.reason, self.approval_id = reason, approval_id
+        super().__init__(reason)
+
+
+@dataclass
+class Committed:
+    """What a committed plan left: its events, the chain head, the lease expiry it set."""
+
+    rows: list[EventRow]
+    seq: int
+    head: str
+    expires_at: datetime | None = None
+
+
+class Engine(Protocol):
+    vendor: str
+
+    def commit(self, plan: Plan, clock: Any) -> Committed: ...
+
+    def apply_in_tx(self, plan: Plan, clock: Any) -> Committed: ...
+
+    def transaction(self) -> Any: ...
+
+    def renew(self, leases: list[Any], seconds: float, clock: Any) -> dict[tuple, datetime]:
+        """Renew in one statement; (run id, epoch, owner) -> new expiry of those renewed."""
+
+    def now_expression(self, clock: Any) -> Any: ...
+
+    def lock_suffix(self, skip_locked: bool) -> dict[str, Any]: ...
+
+    def notify_ready(self) -> None: ...
+
+
+def database_time(clock: Any) -> bool:
+    """Whether leases are judged by the database server's own clock (the system clock on an
+    engine that has one) rather than by ``clock``'s value (an injected test clock)."""
+    return bool(getattr(clock, "database_time", False))
+
+
+def fill(params: list[Any], now: datetime, adapt: Any) -> list[Any]:
+    """``params`` with the statement-time markers replaced by ``now`` (read in the
+    transaction), adapted for the engine."""
+    out = []
+    for p in params:
+        if p is NOW:
+            out.append(adapt(now))
+        elif isinstance(p, NowPlus):
+            out.append(adapt(now + timedelta(seconds=p.seconds)))
+        else:
+            out.append(p)
+    return out
+
+
+_engines: dict[str, Engine] = {}
+
+
+def engine(using: str = DEFAULT_DB_ALIAS) -> Engine:
+    """The committer for the connection's vendor (one instance per vendor)."""
+    vendor = connections[using].vendor
+    found = _engines.get(vendor)
+    if found is None:
+        if vendor == "postgresql":
+            from .postgres import PostgresEngine
+
+            found = PostgresEngine()
+        elif vendor == "sqlite":
+            from .sqlite import SqliteEngine
+
+            found = SqliteEngine()
+        else:
+            raise NotImplementedError(f"the runtime supports SQLite and PostgreSQL, not {vendor}")
+        _engines[vendor] = found
+    return found
+
+
+def move_approvals(plan: Plan) -> None:
+    """The plan's approval compare-and-sets, in the caller's transaction (rare: a pause, a
+    consumption, a decision; through the ORM on both engines)."""
+    from ..models import Approval
+
+    for move in plan.approval_moves:
+        moved = Approval.objects.filter(pk=move.pk, status=move.from_status).update(
+            **move.fields)
+        if move.required and moved != 1:
+            raise Refused(f"approval {move.pk} is no longer {move.from_status}", move.pk)

@@ -1,0 +1,168 @@
+"""The SQLite committer: a plan's statements prepared before the write lock, run between a lean
+``BEGIN IMMEDIATE`` and ``COMMIT``, with the lease judged by the clock read inside it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import DateTimeField, Value
+
+from .. import crashpoints
+from ..audit import build_events
+from ..backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
+from ..crashpoints import CrashPoint
+from ..models import Approval
+from ..plan import Plan
+from . import Committed, Refused, fill, move_approvals
+from .sql import (
+    EVENT_COLUMNS,
+    STEP_COLUMNS,
+    STEP_INSERT,
+    Dialect,
+    cached,
+    event_params,
+    run_update,
+    step_insert_params,
+    step_update,
+)
+
+
+class SqliteDialect(Dialect):
+    vendor = "sqlite"
+
+    def __init__(self, db: Any) -> None:
+        super().__init__(db_clock=False)
+        self.db = db
+
+    def decimal_add(self, column: str) -> str:  # what the ORM writes for a DecimalField sum
+        return f'"{column}" = CAST(("{column}" + CAST(%s AS NUMERIC)) AS NUMERIC)'
+
+    def time(self, at: datetime) -> Any:
+        return db_datetime(self.db, at)
+
+    def finish(self, sql: str) -> str:
+        return sql.replace("%s", "?")
+
+
+_adapted: list[Any] = [None, None]  # the last datetime adapted and its text
+
+
+def db_datetime(db: Any, at: datetime | None) -> str | None:
+    """``at`` as the SQLite backend stores it; the last one is remembered (a commit writes the
+    same time into every event and the run row)."""
+    if at is None:
+        return None
+    last, text = _adapted
+    if at is not last:
+        text = db.ops.adapt_datetimefield_value(at)
+        _adapted[:] = [at, text]
+    return text
+
+
+def execute(db: Any, sql: str, params: Any) -> Any:
+    """Run one prepared statement on ``db`` (this thread's connection); the sqlite3 cursor."""
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        return db.connection.execute(sql, params)
+
+
+def write_transaction(*, lean: bool = True) -> Any:
+    """``transaction.atomic()``; if ``lean`` (nothing inside saves through the ORM), on the
+    runtime's SQLite backend outside any atomic block, its leaner ``write_transaction()``
+    (the same BEGIN IMMEDIATE, COMMIT and rollback)."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if lean and isinstance(db, QueuedSQLite) and not db.in_atomic_block:
+        return db.write_transaction()
+    return transaction.atomic()
+
+
+class SqliteEngine:
+    vendor = "sqlite"
+
+    def commit(self, plan: Plan, clock: Any) -> Committed:
+        db = connections[DEFAULT_DB_ALIAS]
+        prepared = None if plan.approval_create else self._prepare(db, plan)
+        lean = plan.approval_create is None and not plan.approval_moves
+        with write_transaction(lean=lean):
+            return self._apply(db, plan, clock, prepared)
+
+    def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
+        db = connections[DEFAULT_DB_ALIAS]
+        return self._apply(db, plan, clock, None)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with write_transaction(lean=True):
+            yield
+
+    def _prepare(self, db: Any, plan: Plan) -> tuple:
+        """The commit's chain and every statement with its parameters, built before the lock."""
+        d = SqliteDialect(db)
+        rows, seq, head = build_events(plan.run_id, plan.fence.seq, plan.head, plan.events,
+                                       plan.actor, plan.at)
+        run = run_update(d, plan, seq, head)
+        inserts = [(s, step_insert_params(d, s)) for s in plan.step_inserts]
+        updates = [(s, step_update(d, s, f)) for s, f in plan.step_updates.values()]
+        events = cached(d, ("events", len(rows)), lambda: (
+            f'INSERT INTO "runtime_event" ({", ".join(EVENT_COLUMNS)}) VALUES '
+            + ",".join(["(" + ",".join(["%s"] * 8) + ")"] * len(rows))))
+        return d, rows, seq, head, run, inserts, updates, events, event_params(d, rows)
+
+    def _apply(self, db: Any, plan: Plan, clock: Any, prepared: tuple | None) -> Committed:
+        now = clock.now()  # inside the transaction: a time read before the lock is stale
+        move_approvals(plan)  # first: a new approval of a step needs the old one moved
+        if plan.approval_create is not None:
+            draft = plan.approval_create
+            draft.payload["approval_id"] = Approval.objects.create(**draft.fields).pk
+        if prepared is None:
+            prepared = self._prepare(db, plan)
+        d, rows, seq, head, run, inserts, updates, events, event_values = prepared
+        if execute(db, run.sql, fill(run.params, now, d.time)).rowcount != 1:
+            raise Refused()
+        if inserts:
+            sql = cached(d, ("step+",), lambda: (
+                f'INSERT INTO "runtime_step" ({", ".join(_STEP_INSERT_COLUMNS)}) VALUES '
+                f'({", ".join(["%s"] * len(STEP_INSERT))})'))
+            for step, params in inserts:
+                step.pk = execute(db, sql, params).lastrowid
+                step._state.adding, step._state.db = False, db.alias
+        for step, stmt in updates:
+            execute(db, stmt.sql, [*stmt.params[:-1], step.pk])  # the id as it is now
+        execute(db, events, event_values)
+        crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=plan.run_id,
+                            step_index=plan.last_step_index())
+        expires = now + timedelta(seconds=plan.take.seconds) if plan.take else None
+        return Committed(rows, seq, head, expires)
+
+    def renew(self, leases: list[Any], seconds: float, clock: Any) -> dict[tuple, datetime]:
+        """Extend every lease still held and unexpired, in one statement; the renewed ones."""
+        db = connections[DEFAULT_DB_ALIAS]
+        d = SqliteDialect(db)
+        marks = ", ".join(["(?, ?, ?)"] * len(leases))
+        sql = ('UPDATE "runtime_run" SET "lease_expires_at" = ? WHERE "status" = \'running\' '
+               'AND "lease_expires_at" > ? AND ("id", "lease_epoch", "lease_owner") IN '
+               f'(VALUES {marks}) RETURNING "id", "lease_epoch", "lease_owner"')
+        with write_transaction(lean=True):
+            now = clock.now()
+            expires = now + timedelta(seconds=seconds)
+            params: list[Any] = [d.time(expires), d.time(now)]
+            for lease in leases:
+                params += [lease.run_id, lease.epoch, lease.owner]
+            found = execute(db, sql, params).fetchall()
+        return dict.fromkeys(map(tuple, found), expires)
+
+    def now_expression(self, clock: Any) -> Any:
+        return Value(clock.now(), DateTimeField())
+
+    def lock_suffix(self, skip_locked: bool) -> dict[str, Any]:
+        return {}  # the write transaction already excludes every other writer
+
+    def notify_ready(self) -> None:
+        """Idle workers see other connections' commits in ``PRAGMA data_version``."""
+
+
+_STEP_INSERT_COLUMNS = [f'"{STEP_COLUMNS[n][0]}"' for n in STEP_INSERT]
