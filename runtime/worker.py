@@ -24,7 +24,8 @@ from .backends.sqlite3.base import writer_stats
 from .claims import Acquired, acquired_crash_points, run_claim_next, run_release
 from .clock import SYSTEM_CLOCK, Clock
 from .driver import Driver
-from .errors import LeaseLost, ProtocolMismatch
+from .engines import engine
+from .errors import LeaseLost, ProtocolMismatch, RunNotResumable
 from .lease import LeaseKeeper, make_owner
 from .listen import ReadyListener
 from .models import Run
@@ -81,6 +82,7 @@ class Worker:
         self._free: list[_Slot] = []
         self.finished = 0
         self.faults = 0  # database faults ridden out by the claiming loop
+        self.claim_conflicts = 0  # claims that lost a race (none: rows are locked first)
         self.refusal: ProtocolMismatch | None = None
         self._listener: ReadyListener | None = None
 
@@ -193,8 +195,9 @@ class Worker:
             WorkerRow.objects.filter(owner=self.owner).delete()
         except DATABASE_FAULTS as exc:  # the row goes stale; the console shows its age
             log.warning("worker %s: could not remove its row: %s", self.owner, _one_line(exc))
-        log.info("worker %s stopped (%d runs handled, %d database faults ridden out)%s",
-                 self.owner, self.finished, self.faults, _writer_summary())
+        log.info("worker %s stopped (%d runs handled, %d claim conflicts, %d database faults "
+                 "ridden out)%s", self.owner, self.finished, self.claim_conflicts, self.faults,
+                 _writer_summary())
         connection.close()
 
     # -- claiming -----------------------------------------------------------------------------
@@ -216,9 +219,13 @@ class Worker:
     def _claim_one(self) -> Acquired | None:
         with self._lock:
             mine = list(self._active)
-        acquired = run_claim_next(
-            self.owner, lease_seconds=self.lease_seconds, clock=self.clock, agents=self.agents,
-            dead_owners=self._dead_owners(), exclude=mine)
+        try:
+            acquired = run_claim_next(
+                self.owner, lease_seconds=self.lease_seconds, clock=self.clock,
+                agents=self.agents, dead_owners=self._dead_owners(), exclude=mine)
+        except RunNotResumable:  # the locked row moved under the claim: never expected
+            self.claim_conflicts += 1
+            return None
         if acquired is not None:
             acquired_crash_points(acquired)
         return acquired
@@ -298,8 +305,9 @@ class Worker:
     def _beat(self) -> None:
         """After the leases are renewed: the worker's row, and the protocol check (a database
         upgraded under a running worker stops its claims)."""
-        WorkerRow.objects.filter(owner=self.owner).update(
-            heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))
+        with engine().transaction():  # SQLite: queued like every writer, never busy-waiting
+            WorkerRow.objects.filter(owner=self.owner).update(
+                heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))
         try:
             protocol_check()
         except ProtocolMismatch as exc:

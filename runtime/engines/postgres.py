@@ -162,9 +162,15 @@ def run_sql(db: Any, sql: str, params: list[Any]) -> Any:
     """Execute on Django's psycopg connection with server-side binding, prepared: the
     runtime's statements repeat with new values, so the server plans each shape once."""
     db.ensure_connection()
+    conn = db.connection
+    if conn.prepare_threshold is None and "prepare_threshold" not in db.settings_dict["OPTIONS"]:
+        # Django turns preparing off for connection poolers; only these server-bound
+        # statements prepare (the ORM binds on the client). OPTIONS["prepare_threshold"]
+        # set to None keeps it off (PgBouncer in transaction mode before 1.21).
+        conn.prepare_threshold = 0
     with db.wrap_database_errors:
-        cursor = psycopg.Cursor(db.connection)
-        cursor.execute(sql, params, prepare=True)
+        cursor = psycopg.Cursor(conn)
+        cursor.execute(sql, params, prepare=conn.prepare_threshold is not None)
         return cursor
 
 
