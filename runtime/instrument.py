@@ -5,7 +5,9 @@ Used by the tests and the benchmark to report commits per step as counted, not a
 
 from __future__ import annotations
 
+import tempfile
 from types import TracebackType
+from typing import Any
 
 from django.db import connections
 
@@ -58,3 +60,41 @@ class SqliteCounter:
         conn = connections[self.using]
         if conn.connection is not None:
             conn.connection.set_trace_callback(None)
+
+
+class PgTrace:
+    """Counts what a PostgreSQL connection really sent, from libpq's own protocol trace:
+    ``round_trips`` (each batch the client sent and waited for: a simple Query, or an
+    extended-protocol batch ending in Sync) and ``statements`` (executions, BEGIN and COMMIT
+    included)."""
+
+    def __init__(self, using: str = "default") -> None:
+        self.using = using
+        self.round_trips = 0
+        self.statements = 0
+        self._file: Any = None
+
+    def __enter__(self) -> PgTrace:
+        conn = connections[self.using]
+        if conn.vendor != "postgresql":
+            raise RuntimeError("PgTrace counts PostgreSQL connections only")
+        conn.ensure_connection()
+        self._file = tempfile.TemporaryFile("w+")
+        conn.connection.pgconn.trace(self._file.fileno())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        conn = connections[self.using]
+        if conn.connection is not None:
+            conn.connection.pgconn.untrace()
+        self._file.seek(0)
+        for line in self._file:
+            fields = line.split("\t", 4)
+            if len(fields) < 4 or fields[1] != "F":
+                continue
+            kind = fields[3].strip()
+            if kind in ("Sync", "Query"):
+                self.round_trips += 1
+            if kind in ("Execute", "Query"):
+                self.statements += 1
+        self._file.close()

@@ -92,13 +92,12 @@ class Worker:
         """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code:
         0, or 3 when the database speaks another protocol (nothing is claimed)."""
         try:
-            protocol_check(force=True)
+            if not self._register():
+                return 0  # asked to stop before the database ever answered
         except ProtocolMismatch as exc:
             log.error("worker %s: %s", self.owner, exc)
             self.refusal = exc
             return 3
-        if not self._register():
-            return 0  # asked to stop before the database ever answered
         if connection.vendor == "postgresql":
             self._listener = ReadyListener()
         self.keeper.start()
@@ -284,11 +283,13 @@ class Worker:
     # -- the Worker row -----------------------------------------------------------------------
 
     def _register(self) -> bool:
-        """Insert this process's row, riding out database faults; False if told to stop."""
+        """Check the database's protocol and insert this process's row, riding out database
+        faults; False if told to stop first. Raises ``ProtocolMismatch``."""
         delay = 0.05
         while not self._stop.is_set():
             now = self.clock.now()
             try:
+                protocol_check(force=True)
                 WorkerRow.objects.create(
                     owner=self.owner, name=self.name, host=hostname(), pid=os.getpid(),
                     boot_id=boot_id(), proc_start=own_process_start(), started_at=now,

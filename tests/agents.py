@@ -60,6 +60,21 @@ def slow_charge(ctx: ToolContext, amount: int) -> dict:
     return {"charged": amount}
 
 
+@tool(effect="side_effect")
+def fast_charge(ctx: ToolContext, amount: int) -> dict:
+    """A charge that answers at once, on the record."""
+    _record("fast_charge", ctx, amount=amount)
+    return {"charged": amount}
+
+
+@tool(effect="read_only")
+def long_read(ctx: ToolContext, seconds: float) -> dict:
+    """A read that takes ``seconds`` (a long outside call, as the test sets it)."""
+    time.sleep(seconds)
+    _record("long_read", ctx, seconds=seconds)
+    return {"read": seconds}
+
+
 @tool(effect="read_only")
 def boom(ctx: ToolContext) -> dict:
     """Always raises."""
@@ -70,7 +85,7 @@ def _llm_that_raises(transcript):
     raise ConnectionError("the LLM is down")
 
 
-TOOLS = [noop, slow_read, slow_charge, boom]
+TOOLS = [noop, slow_read, slow_charge, fast_charge, long_read, boom]
 
 AGENTS = [
     Agent("steps5", ScriptedLLM([ToolCall("noop", {"n": i}) for i in range(5)]
@@ -80,4 +95,9 @@ AGENTS = [
           TOOLS),
     Agent("llmdown", ScriptedLLM(_llm_that_raises), TOOLS),
     Agent("toolboom", ScriptedLLM([ToolCall("boom"), FinalAnswer("survived")]), TOOLS),
+    Agent("final", ScriptedLLM([FinalAnswer("ok")]), TOOLS),
+    Agent("mixed", ScriptedLLM([ToolCall("noop", {"n": 1}), ToolCall("fast_charge", {"amount": 3}),
+                                ToolCall("noop", {"n": 2}), FinalAnswer("done")]), TOOLS),
+    Agent("long", ScriptedLLM([ToolCall("long_read", {"seconds": 10}), FinalAnswer("done")]),
+          TOOLS),
 ]

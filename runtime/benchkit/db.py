@@ -6,15 +6,20 @@ connection options come from settings), migrated, and removed afterwards unless 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from runtime import protocol
 
 
 def point_default_at(path: Path | str) -> None:
@@ -45,9 +50,35 @@ def bench_database(keep: bool = False) -> Iterator[Path]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def subprocess_env(path: Path) -> dict[str, str]:
-    """Environment for a worker subprocess on the bench database with the bench agents."""
+def subprocess_env(db: Path | str) -> dict[str, str]:
+    """Environment for a worker subprocess on the bench database (a SQLite file, or a URL)
+    with the bench agents."""
     agents = [p for p in os.environ.get("RUNTIME_AGENTS", "").split(",") if p]
     agents.append("runtime.benchkit.agents.AGENTS")
-    return {**os.environ, "DATABASE_URL": f"sqlite:///{path}", "RUNTIME_AGENTS": ",".join(agents),
+    url = db if isinstance(db, str) and "://" in db else f"sqlite:///{db}"
+    return {**os.environ, "DATABASE_URL": url, "RUNTIME_AGENTS": ",".join(agents),
             "PYTHONUNBUFFERED": "1"}
+
+
+def use_database(config: dict[str, Any]) -> None:
+    """Point Django's default connection at ``config``, on this thread and on every thread that
+    opens a connection afterwards. The dict is replaced in place because the connection handler
+    holds it; this thread's wrapper is dropped because its class belongs to the old engine."""
+    connections.close_all()
+    with contextlib.suppress(AttributeError):  # no wrapper made on this thread yet
+        del connections[DEFAULT_DB_ALIAS]
+    conf = settings.DATABASES[DEFAULT_DB_ALIAS]
+    conf.clear()
+    conf.update(copy.deepcopy(config))
+    connections.configure_settings({DEFAULT_DB_ALIAS: conf})  # Django's defaults, in place
+    from django.contrib.contenttypes.models import ContentType
+
+    ContentType.objects.clear_cache()  # ids differ between databases migrated apart
+    protocol.forget()
+
+
+def sqlite_config(path: Path) -> dict[str, Any]:
+    """Settings for a SQLite file opened as the runtime opens its own (its backend, the
+    project's PRAGMAs from ``settings.SQLITE_OPTIONS``)."""
+    return {"ENGINE": "runtime.backends.sqlite3", "NAME": str(path),
+            "OPTIONS": dict(getattr(settings, "SQLITE_OPTIONS", {}))}

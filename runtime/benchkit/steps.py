@@ -8,12 +8,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from runtime.agents import registry
 from runtime.clock import SYSTEM_CLOCK
 from runtime.driver import Driver
-from runtime.instrument import SqliteCounter
+from runtime.instrument import PgTrace, SqliteCounter
 from runtime.lease import LeaseKeeper
 from runtime.store import run_create
 
@@ -32,9 +32,10 @@ def create_runs(agent: str, count: int, steps: int | None = None, batch: int = 5
     return ids
 
 
-def _drive_all(ids: list[int]) -> tuple[float, SqliteCounter]:
+def _drive_all(ids: list[int]) -> tuple[float, Any]:
     driver = Driver(name="bench", lease_seconds=30, keeper=LeaseKeeper(30))  # no thread
-    with SqliteCounter() as counter:
+    counter = PgTrace() if connection.vendor == "postgresql" else SqliteCounter()
+    with counter:
         start = time.perf_counter()
         for run_id in ids:
             run = driver.drive(run_id)
@@ -56,19 +57,20 @@ def durable_steps(agent: str, runs: int, steps: int = 10) -> dict[str, Any]:
         per_run = {n: _drive_all(create_runs(agent, 1, n))[1] for n in lengths}
     a, b, c = (per_run[n] for n in lengths)
     total = runs * steps
-    return {
-        "agent": agent,
-        "runs": runs,
-        "steps_per_run": steps,
-        "steps": total,
-        "seconds": elapsed,
-        "steps_per_s": total / elapsed,
-        "commits_per_step": counted.commits / total,
-        "statements_per_step": counted.statements / total,
-        "rollbacks": counted.rollbacks,
-        "steady_commits_per_step": (b.commits - a.commits) / (lengths[1] - lengths[0]),
-        "steady_statements_per_step": (b.statements - a.statements) / (lengths[1] - lengths[0]),
-        "late_commits_per_step": (c.commits - b.commits) / (lengths[2] - lengths[1]),
-        "late_statements_per_step": (c.statements - b.statements) / (lengths[2] - lengths[1]),
+    out: dict[str, Any] = {
+        "agent": agent, "engine": connection.vendor, "runs": runs, "steps_per_run": steps,
+        "steps": total, "seconds": elapsed, "steps_per_s": total / elapsed,
         "run_lengths": list(lengths),
     }
+    # SQLite: synced commits (each a flush) and statements; PostgreSQL: round trips (each a
+    # wait on the server, the commit's flush included) and statements.
+    for name in ("commits", "statements") if out["engine"] == "sqlite" else (
+            "round_trips", "statements"):
+        out[f"{name}_per_step"] = getattr(counted, name) / total
+        out[f"steady_{name}_per_step"] = (getattr(b, name) - getattr(a, name)) / (
+            lengths[1] - lengths[0])
+        out[f"late_{name}_per_step"] = (getattr(c, name) - getattr(b, name)) / (
+            lengths[2] - lengths[1])
+    if out["engine"] == "sqlite":
+        out["rollbacks"] = counted.rollbacks
+    return out

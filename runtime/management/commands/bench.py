@@ -1,7 +1,9 @@
 """``manage.py bench``: what a durable step costs here, next to what the disk allows.
 
 Runs on a fresh SQLite database of its own under ``var/bench-<pid>/`` (same filesystem and
-PRAGMAs as the real one), never the user's; removed at the end unless ``--keep``.
+PRAGMAs as the real one), never the user's; removed at the end unless ``--keep``. With a
+PostgreSQL ``DATABASE_URL`` it measures that server instead, on a fresh database of its own
+there, against SQLite measured in the same run (``runtime.benchkit.postgres``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connections
 
-from runtime.benchkit import procs, report, scale
+from runtime.benchkit import postgres, procs, report, scale
 from runtime.benchkit.ceiling import ceiling
 from runtime.benchkit.db import bench_database, point_default_at
 from runtime.benchkit.floor import cpu_scaling, floor
@@ -35,6 +38,13 @@ SIZES: dict[str, tuple[Any, Any]] = {
     "scale": ([10_000, 100_000, 1_000_000], [1_000, 5_000, 20_000]),
     "scale_reps": (40, 10),
     "rss_runs": ((1_000, 10_000), (100, 300)),
+}
+# On PostgreSQL: the same shapes, rounds of durable steps interleaved with SQLite's.
+PG_SIZES: dict[str, tuple[Any, Any]] = {
+    "ceiling_seconds": (1.5, 0.3),
+    "rounds": (3, 1),
+    "step_runs": (40, 6),
+    "worker_runs": (100, 10),
 }
 CONFIGS = [(1, 1), (1, 4), (1, 16), (2, 1), (4, 1)]  # (processes, threads per process)
 
@@ -54,17 +64,42 @@ class Command(BaseCommand):
         self.timings: dict[str, float] = {}
         self._section: str | None = None
         self._since = 0.0
-        size = {k: v[1] if quick else v[0] for k, v in SIZES.items()}
         started = time.perf_counter()
-        with bench_database(keep=opts["keep"]) as path:
-            results = self.measure(path, size, quick)
+        if connections["default"].vendor == "postgresql":
+            size = {k: v[1] if quick else v[0] for k, v in PG_SIZES.items()}
+            results = self.measure_postgres(size, quick, opts["keep"])
+            render = postgres.render
+        else:
+            size = {k: v[1] if quick else v[0] for k, v in SIZES.items()}
+            with bench_database(keep=opts["keep"]) as path:
+                results = self.measure(path, size, quick)
+            results["targets"] = report.targets(results)
+            render = report.render
         self.step("")
         results["seconds"] = time.perf_counter() - started
         results["section_seconds"] = {k: round(v, 2) for k, v in self.timings.items()}
-        results["targets"] = report.targets(results)
-        self.stdout.write(report.render(results))
+        self.stdout.write(render(results))
         if opts["json"]:
             Path(opts["json"]).write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+    def measure_postgres(self, size: dict[str, Any], quick: bool, keep: bool) -> dict[str, Any]:
+        """The PostgreSQL sections, against a SQLite file measured in the same run."""
+        var = Path(getattr(settings, "VAR_DIR", Path(settings.BASE_DIR) / "var"))
+        directory = var / f"bench-{os.getpid()}"
+        shutil.rmtree(directory, ignore_errors=True)
+        (directory / "logs").mkdir(parents=True)
+        try:
+            with postgres.bench_databases(directory, keep=keep) as dbs:
+                r = postgres.measure(dbs, directory / "logs", size, self.step)
+                r["server"] = connections["default"].pg_version
+        finally:
+            if not keep:
+                shutil.rmtree(directory, ignore_errors=True)
+        r.update(quick=quick, machine={"sqlite": sqlite3.sqlite_version,
+                                       "python": platform.python_version(),
+                                       "cpus": os.cpu_count() or 1})
+        r["targets"] = postgres.targets(r)
+        return r
 
     def step(self, what: str) -> None:
         """Note where the time goes (in the JSON; on stderr with -v 2)."""

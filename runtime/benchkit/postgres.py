@@ -1,0 +1,161 @@
+"""The bench on PostgreSQL (``DATABASE_URL=postgres://... manage.py bench``).
+
+It runs on a fresh database of its own on the same server (``runtime_bench_<pid>``, dropped at
+the end unless kept) and, for the ratio the targets are stated in, on a fresh SQLite file under
+``var/`` measured in the same run, the two interleaved so a noisy neighbour weighs on both:
+the server's own commit ceiling, durable steps in one process (round trips counted from
+libpq's trace), and real ``runworker`` processes, 1, 2 and 4 of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.core.management import call_command
+from django.db import DEFAULT_DB_ALIAS
+
+from . import procs
+from .db import sqlite_config, use_database
+from .steps import durable_steps
+
+PROCESSES = (1, 2, 4)
+
+
+def _url(config: dict[str, Any], name: str) -> str:
+    user = config.get("USER") or ""
+    password = f":{config['PASSWORD']}" if config.get("PASSWORD") else ""
+    at = f"{user}{password}@" if user else ""
+    host = config.get("HOST") or "localhost"
+    port = f":{config['PORT']}" if config.get("PORT") else ""
+    return f"postgresql://{at}{host}{port}/{name}"
+
+
+@contextmanager
+def bench_databases(directory: Path, keep: bool = False) -> Iterator[dict[str, Any]]:
+    """A fresh migrated PostgreSQL database beside the configured one, and a fresh SQLite
+    file in ``directory``; yields their settings and the PostgreSQL URL."""
+    original = copy.deepcopy(settings.DATABASES[DEFAULT_DB_ALIAS])
+    name = f"runtime_bench_{os.getpid()}"
+    admin = psycopg.connect(_url(original, original.get("NAME") or "postgres"),
+                            autocommit=True)
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.execute(f'CREATE DATABASE "{name}"')
+    pg = {**copy.deepcopy(original), "NAME": name}
+    lite = sqlite_config(directory / "bench.sqlite3")
+    try:
+        for config in (pg, lite):
+            use_database(config)
+            call_command("migrate", verbosity=0, interactive=False)
+        yield {"postgres": pg, "sqlite": lite, "url": _url(pg, name)}
+    finally:
+        use_database(original)
+        if not keep:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def ceiling(url: str, seconds: float) -> float:
+    """Commits/s of plain psycopg: one small INSERT per autocommit statement, prepared."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_ceiling (id bigserial PRIMARY KEY, "
+                     "v text)")
+        n, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            conn.execute("INSERT INTO bench_ceiling (v) VALUES (%s)", ("x",), prepare=True)
+            n += 1
+        conn.execute("DROP TABLE bench_ceiling")
+    return n / elapsed
+
+
+def measure(dbs: dict[str, Any], logs: Path, size: dict[str, Any],
+            step: Any) -> dict[str, Any]:
+    """Every PostgreSQL section; ``step(name)`` marks where the time goes."""
+    r: dict[str, Any] = {"engine": "postgresql"}
+    step("postgresql: ceiling")
+    r["ceiling"] = {"commits_per_s": ceiling(dbs["url"], size["ceiling_seconds"])}
+    step("postgresql and sqlite: durable steps, interleaved")
+    rounds: dict[str, list[dict[str, Any]]] = {"postgresql": [], "sqlite": []}
+    for _ in range(size["rounds"]):
+        for engine, config in (("sqlite", dbs["sqlite"]), ("postgresql", dbs["postgres"])):
+            use_database(config)
+            rounds[engine].append(durable_steps("bench_read", size["step_runs"]))
+    r["steps"] = {engine: _median_round(found) for engine, found in rounds.items()}
+    r["steps"]["ratio"] = (r["steps"]["postgresql"]["steps_per_s"]
+                           / r["steps"]["sqlite"]["steps_per_s"])
+    use_database(dbs["postgres"])
+    r["processes"] = []
+    for n in PROCESSES:
+        step(f"postgresql: {n} process(es) x 1 thread")
+        r["processes"].append(procs.throughput(dbs["url"], logs, processes=n, threads=1,
+                                               runs=size["worker_runs"]))
+    return r
+
+
+def _median_round(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median steps/s, and every round's figure beside it."""
+    ordered = sorted(found, key=lambda s: s["steps_per_s"])
+    mid = dict(ordered[len(ordered) // 2])
+    mid["rounds_steps_per_s"] = [round(s["steps_per_s"], 1) for s in found]
+    return mid
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, met: bool, figure: str) -> None:
+        out.append({"target": name, "met": bool(met), "figure": figure})
+
+    pg, lite = r["steps"]["postgresql"], r["steps"]["sqlite"]
+    add("PostgreSQL steps/s >= 0.8 x SQLite's (one process, concurrency 1, same run)",
+        r["steps"]["ratio"] >= 0.8,
+        f"{pg['steps_per_s']:.0f} vs {lite['steps_per_s']:.0f} steps/s = "
+        f"{r['steps']['ratio']:.2f}x")
+    steady = pg["steady_round_trips_per_step"]
+    add("round trips per steady-state step <= 4", steady <= 4,
+        f"{steady:g} steady ({pg['round_trips_per_step']:.2f} all in, claim and final "
+        f"answer included)")
+    by = {c["processes"]: c for c in r["processes"]}
+    if 1 in by and 2 in by:
+        gain = by[2]["steps_per_s"] / max(by[1]["steps_per_s"], 1e-9)
+        add("PostgreSQL: 2 processes >= 1.6 x 1 process", gain >= 1.6,
+            f"{by[2]['steps_per_s']:.0f} vs {by[1]['steps_per_s']:.0f} steps/s = {gain:.2f}x")
+    ok = all(c["succeeded"] == c["runs"] and not c["overran"] and c["tracebacks"] == 0
+             for c in r["processes"])
+    add("every PostgreSQL bench run succeeded, no worker overran or crashed", ok,
+        "yes" if ok else "no (see the processes section)")
+    return out
+
+
+def render(r: dict[str, Any]) -> str:
+    pg, lite = r["steps"]["postgresql"], r["steps"]["sqlite"]
+    rows = [
+        ("PostgreSQL ceiling: plain psycopg, one small INSERT per autocommit statement",
+         f"{r['ceiling']['commits_per_s']:,.0f} commits/s"),
+        ("Durable steps, one process, concurrency 1, no-op tools: PostgreSQL / SQLite "
+         "(median of interleaved rounds)",
+         f"{pg['steps_per_s']:.0f} / {lite['steps_per_s']:.0f} steps/s "
+         f"({r['steps']['ratio']:.2f} x; rounds {pg['rounds_steps_per_s']} / "
+         f"{lite['rounds_steps_per_s']})"),
+        ("PostgreSQL round trips per step (steady state / all-in)",
+         f"{pg['steady_round_trips_per_step']:g} / {pg['round_trips_per_step']:.2f}"),
+        ("PostgreSQL statements per step (steady state)",
+         f"{pg['steady_statements_per_step']:g}"),
+        ("`runworker` on PostgreSQL, " + ", ".join(str(c["processes"]) for c in r["processes"])
+         + " processes x 1 thread",
+         ", ".join(f"{c['steps_per_s']:.0f}" for c in r["processes"]) + " steps/s (p99 step "
+         + ", ".join(f"{c['p99_ms']:.0f}" for c in r["processes"]) + " ms)"),
+    ]
+    lines = ["| Measure | Result |", "|---|---|"]
+    lines += [f"| {a} | {b} |" for a, b in rows]
+    lines += ["", "| Target | Met | Figure |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {'yes' if t['met'] else 'NO'} | {t['figure']} |"
+              for t in r["targets"]]
+    return "\n".join(lines) + "\n"
