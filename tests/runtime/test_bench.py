@@ -64,3 +64,30 @@ def test_bench_quick_runs_and_writes_every_section(tmp_path):
     assert all({"target", "met", "figure"} <= set(t) for t in data["targets"])
     assert "Targets" in proc.stdout
     assert not list((tmp_path / "var").glob("bench-*"))  # its database was removed
+
+
+@pytest.mark.slow
+def test_bench_on_postgres_measures_round_trips_against_sqlite_in_the_same_run(tmp_path,
+                                                                               pg_admin):
+    """``DATABASE_URL=postgres://...`` benches that server (on a database of its own, dropped
+    after) against SQLite in the same run; a steady step is two round trips, counted."""
+    from tests.engines import SERVER
+
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "RUNTIME_VAR_DIR": str(tmp_path / "var"), "DATABASE_URL": SERVER}
+    proc = subprocess.run([sys.executable, "manage.py", "bench", "--quick", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    pg, lite = data["steps"]["postgresql"], data["steps"]["sqlite"]
+    assert pg["engine"] == "postgresql" and lite["engine"] == "sqlite"
+    assert pg["steady_round_trips_per_step"] == pg["late_round_trips_per_step"] == 2
+    assert lite["steady_commits_per_step"] == 2
+    assert data["steps"]["ratio"] == pytest.approx(pg["steps_per_s"] / lite["steps_per_s"])
+    assert [c["processes"] for c in data["processes"]] == [1, 2, 4]
+    assert all(c["succeeded"] == c["runs"] for c in data["processes"])
+    assert any(t["target"].startswith("round trips") and t["met"] for t in data["targets"])
+    names = {n for (n,) in pg_admin.execute(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'runtime_bench_%'").fetchall()}
+    assert not names  # its database was dropped
+    assert not list((tmp_path / "var").glob("bench-*"))

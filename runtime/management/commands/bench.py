@@ -42,6 +42,7 @@ SIZES: dict[str, tuple[Any, Any]] = {
 # On PostgreSQL: the same shapes, rounds of durable steps interleaved with SQLite's.
 PG_SIZES: dict[str, tuple[Any, Any]] = {
     "ceiling_seconds": (1.5, 0.3),
+    "cpu_seconds": (1.0, 0.3),
     "rounds": (3, 1),
     "step_runs": (40, 6),
     "worker_runs": (100, 10),
