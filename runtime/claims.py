@@ -20,7 +20,7 @@ from .audit import log_events
 from .clock import SYSTEM_CLOCK
 from .crashpoints import CrashPoint
 from .engines import Refused, engine
-from .errors import RunLeased, RunNotFound, RunNotResumable
+from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
 from .models import IN_FLIGHT_STEP_STATUSES, Run, RunStatus, Step
 from .plan import Fence, Plan, TakeLease, interrupt_step
 from .protocol import protocol_check
@@ -124,8 +124,7 @@ def _take(run: Run, owner: str, seconds: float, clock: Any, reason: str = "") ->
     taken_over = run.status == RunStatus.RUNNING
     resumed = taken_over or run.lease_epoch > 0
     if taken_over:
-        step = (Step.objects.filter(run_id=run.pk, status__in=IN_FLIGHT_STEP_STATUSES)
-                .order_by("-index").first())
+        step = _in_flight(run.pk)
         plan.event("lease.taken_over", {
             "owner": owner, "epoch": epoch, "lease_seconds": seconds,
             "previous_owner": run.lease_owner, "previous_epoch": run.lease_epoch,
@@ -164,10 +163,7 @@ def run_release(lease: Lease, *, clock: Any = SYSTEM_CLOCK, reason: str) -> bool
     """Hand a run back to the queue from outside its loop (a stopping worker past its grace
     period). A step still in flight is marked interrupted in the same transaction, so whoever
     claims the run next applies the interruption contract to it. False if the lease was gone."""
-    from .errors import LeaseLost
-
-    step = (Step.objects.filter(run_id=lease.run_id, status__in=IN_FLIGHT_STEP_STATUSES)
-            .order_by("-index").first())
+    step = _in_flight(lease.run_id)
     plan = lease_plan(lease, clock.now())
     if step is not None:
         interrupt_step(plan, step, reason=reason)
@@ -179,6 +175,12 @@ def run_release(lease: Lease, *, clock: Any = SYSTEM_CLOCK, reason: str) -> bool
     except LeaseLost:
         return False
     return True
+
+
+def _in_flight(run_id: int) -> Step | None:
+    """The step a dead or stopping owner left deciding or executing, if any."""
+    return (Step.objects.filter(run_id=run_id, status__in=IN_FLIGHT_STEP_STATUSES)
+            .order_by("-index").first())
 
 
 def _iso(at: Any) -> str | None:

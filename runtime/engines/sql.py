@@ -12,7 +12,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.db.models import DateTimeField, DecimalField, JSONField
@@ -200,8 +199,3 @@ def event_params(d: Dialect, rows: Sequence[EventRow]) -> list[Any]:
         params += (r.run_id, r.step_index, r.seq, r.kind, r.payload_text, r.actor, d.time(r.at),
                    r.hash)
     return params
-
-
-def plain(value: Any) -> Any:
-    """Decimal and friends as the text both engines accept."""
-    return str(value) if isinstance(value, Decimal) else value
