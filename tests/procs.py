@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runtime.testkit.databases import Database, database_url
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,12 +28,13 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30, what: str =
 
 
 class WorkerProcess:
-    """``manage.py runworker`` in a subprocess, its stderr kept in a file."""
+    """``manage.py runworker`` in a subprocess, its stderr kept in a file. ``db`` is a SQLite
+    file (``Path``), a database URL, or a test's ``edb``."""
 
-    def __init__(self, db: Path, test_dir: Path, *args: str, env: dict | None = None,
+    def __init__(self, db: Database, test_dir: Path, *args: str, env: dict | None = None,
                  tag: str = "worker") -> None:
         self.log_path = test_dir / f"{tag}-{time.monotonic_ns()}.log"
-        full_env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}",
+        full_env = {**os.environ, "DATABASE_URL": database_url(db),
                     "RUNTIME_AGENTS": "tests.agents.AGENTS", "RUNTIME_TEST_DIR": str(test_dir),
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()/kill()

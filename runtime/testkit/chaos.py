@@ -21,6 +21,7 @@ from ..crashpoints import CrashPoint
 from ..errors import AgentRuntimeError
 from ..models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
 from ..procs import die_with_parent
+from .databases import Database, database_url
 from .invariants import Report, check_invariants
 from .ledger import Ledger
 from .operator import APPROVE, REJECT, Decision, decide, resolve_with
@@ -85,11 +86,14 @@ class ChaosReport:
 
 
 class Chaos:
-    """Run one soak against the database Django's default connection points at (a fresh
-    SQLite file at ``db``), with worker processes started from ``manage``."""
+    """Run one soak against the database Django's default connection points at (``db``: a
+    fresh SQLite file, or a fresh PostgreSQL database by its URL), with worker processes
+    started from ``manage``."""
 
-    def __init__(self, config: ChaosConfig, *, db: Path, workdir: Path, manage: Path) -> None:
+    def __init__(self, config: ChaosConfig, *, db: Database, workdir: Path,
+                 manage: Path) -> None:
         self.cfg, self.db, self.workdir, self.manage = config, db, workdir, manage
+        self.url = database_url(db)
         self.rng = random.Random(config.seed)
         self.ledger = Ledger(workdir / "ledger.jsonl")
         self.report = ChaosReport()
@@ -132,7 +136,7 @@ class Chaos:
                 start(self.rng.choice(KINDS), {"chaos": i}, created_by="chaos")
 
     def _env(self, arm: bool) -> dict[str, str]:
-        env = {**os.environ, "DATABASE_URL": f"sqlite:///{self.db}", "RUNTIME_AGENTS": AGENTS,
+        env = {**os.environ, "DATABASE_URL": self.url, "RUNTIME_AGENTS": AGENTS,
                "RUNTIME_TEST_DIR": str(self.workdir), "PYTHONUNBUFFERED": "1",
                "RUNTIME_KIT_TOOL_SECONDS": str(self.cfg.tool_seconds)}
         env.pop("RUNTIME_CRASH_POINTS", None)

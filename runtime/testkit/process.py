@@ -1,5 +1,6 @@
 """The process kit: crash a real worker process with SIGKILL at a named point, then resume the
-run in a fresh process on a fresh open of the database file.
+run in a fresh process on a fresh open of the database (a SQLite file, or a PostgreSQL database
+by its URL).
 
 Nothing of the dead process survives a SIGKILL: no ``finally`` blocks, no lease release, no
 buffered writes. What the next process finds is exactly what a deploy, an OOM kill or a power
@@ -28,6 +29,7 @@ from ..errors import CrashNotReached, RunLeased
 from ..models import Run, RunStatus
 from ..store import run_acquire
 from .base import Kit
+from .databases import Database, database_url, describe, same_database
 from .ledger import Ledger
 from .reached import Crash, Reached
 
@@ -46,32 +48,37 @@ class Exited:
 
 
 class ProcessKit(Kit):
-    """Crash, resume and decide, each step in its own process, against one SQLite file.
+    """Crash, resume and decide, each step in its own process, against one database.
+
+    ``db`` is a SQLite file (a ``Path`` or path string), a database URL, or anything with a
+    ``url`` attribute; it must be the database this process's default connection uses, since
+    the kit starts runs, reads and decides here.
 
     ``agents`` is the dotted path of the agent list the processes load (``RUNTIME_AGENTS``);
     their tools should record calls in a ``Ledger`` at ``ledger_path``. ``manage`` is the
     project's ``manage.py``. Leases are short so a test can wait one out instead of sleeping.
     """
 
-    def __init__(self, db: Path | str, workdir: Path | str, *, agents: str,
+    def __init__(self, db: Database, workdir: Path | str, *, agents: str,
                  ledger_path: Path | str | None = None, manage: Path | str = "manage.py",
                  lease_seconds: float = 1.0, env: dict[str, str] | None = None,
                  timeout: float = 60.0) -> None:
-        self.db, self.workdir = Path(db), Path(workdir)
+        self.db, self.url, self.workdir = db, database_url(db), Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.agents, self.lease_seconds, self.timeout = agents, lease_seconds, timeout
         self.manage = Path(manage).resolve()
         self.ledger = Ledger(ledger_path or self.workdir / "ledger.jsonl")
         self.reached = Reached()
-        self.env = {**os.environ, "DATABASE_URL": f"sqlite:///{self.db}",
+        self.env = {**os.environ, "DATABASE_URL": self.url,
                     "RUNTIME_AGENTS": agents, "PYTHONUNBUFFERED": "1", **(env or {})}
         for key in ("RUNTIME_CRASH_POINTS", "RUNTIME_CRASH_REACHED_FILE"):
             self.env.pop(key, None)
         self._n = 0
         self.refusals = 0
-        if Path(settings.DATABASES["default"]["NAME"]).resolve() != self.db.resolve():
-            raise ValueError(f"this process's default database is "
-                             f"{settings.DATABASES['default']['NAME']}, not {self.db}")
+        default = settings.DATABASES["default"]
+        if not same_database(self.url, default):
+            raise ValueError(f"this process's default database is {describe(default)}, "
+                             f"not {self.url}")
 
     # -- processes ----------------------------------------------------------------------------
 

@@ -2,7 +2,10 @@
 log's append-only triggers, the loop through the ORM (the SQLite fast paths fall back), a
 worker, a killed worker's side effect put to a person, and ``verifyaudit`` — real processes
 against a throwaway database on the local server (``RUNTIME_TEST_POSTGRES`` to point
-elsewhere)."""
+elsewhere). PostgreSQL is mandatory: without a server these tests fail, never skip.
+
+The database here is created empty and migrated by ``manage.py migrate`` in a subprocess (the
+deploy path), unlike the contract tests' databases copied from a migrated template."""
 
 from __future__ import annotations
 
@@ -16,30 +19,25 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from tests.engines import create_database, drop_database, postgres_url, unique_name
 from tests.procs import ROOT
-
-SERVER = os.environ.get("RUNTIME_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/postgres")
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    try:
-        admin = psycopg.connect(SERVER, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL server at {SERVER}: {exc}")
-    name = f"runtime_test_{os.getpid()}"
-    admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    admin.execute(f'CREATE DATABASE "{name}"')
-    url = SERVER.rsplit("/", 1)[0] + "/" + name
+def pg_url(pg_admin: psycopg.Connection) -> Iterator[str]:
+    """An empty database migrated by ``manage.py migrate``; the session's server connection
+    fails every test here when there is no server."""
+    name = unique_name("deploy")
+    create_database(pg_admin, name)
+    url = postgres_url(name)
     try:
         done = manage(url, None, "migrate", "-v", "0")
         assert done.returncode == 0, done.stderr
         yield url
     finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
+        drop_database(pg_admin, name)
 
 
 def manage(url: str, test_dir, *args: str, crash: list | None = None,

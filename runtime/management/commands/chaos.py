@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import dj_database_url
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
+from runtime.models import Run
 from runtime.testkit.chaos import Chaos, ChaosConfig
 
 
+def _point_default_at(config: dict[str, Any]) -> None:
+    """Swap the default connection's settings in place (the connection handler holds this very
+    dict) and drop this thread's connection, whose class may be the other engine's."""
+    connections.close_all()
+    with contextlib.suppress(AttributeError):  # never opened on this thread
+        del connections[DEFAULT_DB_ALIAS]
+    conf = settings.DATABASES[DEFAULT_DB_ALIAS]
+    conf.clear()
+    conf.update(config)
+    connections.configure_settings({DEFAULT_DB_ALIAS: conf})
+
+
 class Command(BaseCommand):
-    help = ("Start workers on a fresh SQLite database, SIGKILL them at random, restart them, "
-            "decide every approval at random, then check the crash invariants and print a "
-            "table. Exit status 1 if any invariant broke.")
+    help = ("Start workers on a fresh SQLite database (or, with --database-url, an empty "
+            "PostgreSQL one), SIGKILL them at random, restart them, decide every approval at "
+            "random, then check the crash invariants and print a table. Exit status 1 if any "
+            "invariant broke.")
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--workers", type=int, default=3)
@@ -33,6 +50,10 @@ class Command(BaseCommand):
         parser.add_argument("--dir", default=None,
                             help="where to put the database, ledger and logs (kept); default: "
                                  "a temporary directory under var/, removed afterwards")
+        parser.add_argument("--database-url", default=None,
+                            help="soak this PostgreSQL database (postgres://...) instead of a "
+                                 "fresh SQLite file; it is migrated first and refused if it "
+                                 "holds any run, so a soak never fills a real one")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         for name in ("workers", "runs", "concurrency"):
@@ -41,35 +62,42 @@ class Command(BaseCommand):
         if opts["seconds"] <= 0 or opts["lease_seconds"] <= 0 or opts["tool_seconds"] < 0:
             raise CommandError("--seconds and --lease-seconds must be positive, "
                                "--tool-seconds not negative")
-        if connections["default"].vendor != "sqlite":
-            raise CommandError("the soak runs on the embedded SQLite default; unset DATABASE_URL")
+        url = opts["database_url"]
+        target: dict[str, Any] | None = None
+        if url is not None:
+            target = dj_database_url.parse(url, conn_max_age=0)
+            if "postgres" not in target["ENGINE"]:
+                raise CommandError("--database-url takes a PostgreSQL URL; a SQLite soak makes "
+                                   "its own fresh file")
+        elif connections["default"].vendor != "sqlite":
+            raise CommandError("the soak runs on a fresh SQLite file, or on an empty PostgreSQL "
+                               "database given with --database-url; unset DATABASE_URL")
         keep = opts["dir"] is not None
         if keep:
             workdir = Path(opts["dir"]).resolve()
             workdir.mkdir(parents=True, exist_ok=True)
-            if (workdir / "chaos.sqlite3").exists():
-                raise CommandError(f"{workdir} already holds a soak's database; use a new --dir")
+            if (workdir / "chaos.sqlite3").exists() or (workdir / "ledger.jsonl").exists():
+                raise CommandError(f"{workdir} already holds a soak's evidence; use a new --dir")
         else:
             settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
             workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir=settings.VAR_DIR))
-        db = workdir / "chaos.sqlite3"
+        db: Path | str = url if url is not None else workdir / "chaos.sqlite3"
         config = ChaosConfig(workers=opts["workers"], runs=opts["runs"],
                              seconds=opts["seconds"], seed=opts["seed"],
                              concurrency=opts["concurrency"], lease_seconds=opts["lease_seconds"],
                              tool_seconds=opts["tool_seconds"])
-        conf = settings.DATABASES["default"]
-        original = conf["NAME"]
-        connections.close_all()
-        conf["NAME"] = str(db)  # in place: the connection handler holds this very dict
+        original = copy.deepcopy(settings.DATABASES["default"])
+        _point_default_at(target if target is not None else {**original, "NAME": str(db)})
         try:
             call_command("migrate", verbosity=0, interactive=False)
+            if Run.objects.exists():
+                raise CommandError(f"{url} already holds runs; the soak needs an empty database")
             self.stdout.write(f"chaos: {config.runs} runs, {config.workers} workers x "
                               f"{config.concurrency} threads, seed {config.seed}, in {workdir}")
             report = Chaos(config, db=db, workdir=workdir,
                            manage=Path(settings.BASE_DIR) / "manage.py").run(out=self.stdout)
         finally:
-            connections.close_all()
-            conf["NAME"] = original
+            _point_default_at(original)
             if not keep:
                 shutil.rmtree(workdir, ignore_errors=True)
         for line in report.violations[:50]:
