@@ -28,7 +28,8 @@ test: install
 demo: install
 	$(PY) manage.py demo $(DEMO_ARGS)
 
-# Regenerate the README's crash-safety table from a real run of the crash matrix.
+# Regenerate the README's crash-safety table from a real run of the crash matrix (on SQLite;
+# the same matrix on PostgreSQL writes test-output/crash-matrix-postgres.md).
 crash-table: install
 	$(PY) -m pytest tests/runtime/test_crash_matrix.py -q
 	@cat test-output/crash-matrix.md

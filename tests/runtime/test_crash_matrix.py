@@ -7,7 +7,8 @@ needs a double crash, then one worker drains everything, the operator decides, a
 drains again. Every run is checked against its cell's expected outcome and all six invariants,
 before and after the decisions. The README's table is written from this run's observations.
 
-Regenerate the README table: ``make crash-table`` (writes test-output/crash-matrix.md).
+The matrix runs on both engines. Regenerate the README table: ``make crash-table`` (writes
+test-output/crash-matrix.md from SQLite, test-output/crash-matrix-postgres.md from PostgreSQL).
 """
 
 from __future__ import annotations
@@ -121,8 +122,9 @@ def why_rerun(run_id: int) -> str:
 
 
 @pytest.mark.slow
-def test_crash_matrix(rdb, tmp_path):
-    kit = ProcessKit(rdb, tmp_path, agents="runtime.testkit.agents.AGENTS",
+@pytest.mark.engines
+def test_crash_matrix(edb, tmp_path):
+    kit = ProcessKit(edb, tmp_path, agents="runtime.testkit.agents.AGENTS",
                      manage=ROOT / "manage.py", lease_seconds=3,
                      env={"RUNTIME_TEST_DIR": str(tmp_path)}, timeout=120)
     cells = plan()
@@ -181,10 +183,19 @@ def test_crash_matrix(rdb, tmp_path):
     assert kit.refusals == sum(1 for c, _ in runs.values() if c.phases[0].point != P.AFTER_PAUSE)
     assert after.runs == len(runs) and after.approvals_consumed == sum(
         1 for _, b in runs.values() if b == "approve")
-    write_table(cells, len(runs), before, after, tmp_path)
+    write_table(cells, len(runs), before, after, table_path(edb.engine))
 
 
-def write_table(cells: list[Cell], runs: int, before, after, tmp_path: Path) -> None:
+def table_path(engine: str) -> Path:
+    """Where this engine's table goes: the README's (SQLite) keeps its old name and
+    ``CRASH_TABLE``; PostgreSQL's has its own file (``CRASH_TABLE_POSTGRES``)."""
+    if engine == "sqlite":
+        return Path(os.environ.get("CRASH_TABLE", ROOT / "test-output" / "crash-matrix.md"))
+    return Path(os.environ.get("CRASH_TABLE_POSTGRES",
+                               ROOT / "test-output" / f"crash-matrix-{engine}.md"))
+
+
+def write_table(cells: list[Cell], runs: int, before, after, out: Path) -> None:
     """The README's crash-safety table, from what this run observed."""
     by = {(c.point, c.kind): c for c in cells}
     lines = ["| crash point | " + " | ".join(KINDS) + " |",
@@ -206,6 +217,5 @@ def write_table(cells: list[Cell], runs: int, before, after, tmp_path: Path) -> 
                  f"before the decisions ({before.side_effect_executions} side-effect executions "
                  f"counted outside) and after ({after.side_effect_executions}, "
                  f"{after.approvals_consumed} approvals consumed).")
-    out = Path(os.environ.get("CRASH_TABLE", ROOT / "test-output" / "crash-matrix.md"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

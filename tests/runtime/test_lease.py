@@ -25,6 +25,8 @@ from runtime.models import Event, Run, Step
 from runtime.store import run_acquire
 from tests.kit import Background, Gate, Ledger, events_of, make_agent
 
+pytestmark = pytest.mark.engines
+
 
 def _idle_keeper(clock, lease_seconds: float = 1.0) -> LeaseKeeper:
     """A keeper that is never started: no heartbeat, so the lease lapses when the clock says."""
@@ -35,7 +37,7 @@ def _events(run_id: int, kind: str) -> list[Event]:
     return list(Event.objects.filter(run_id=run_id, kind=kind).order_by("seq"))
 
 
-def test_long_tool_call_keeps_the_lease(rdb, tmp_path):
+def test_long_tool_call_keeps_the_lease(edb, tmp_path):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate()
     agent = make_agent("long", [ToolCall("read", {"key": "a"}), FinalAnswer("ok")], ledger,
                        {"read": gate})
@@ -63,7 +65,7 @@ def test_long_tool_call_keeps_the_lease(rdb, tmp_path):
     assert _events(run.pk, "step.tool_finished")[0].payload["result"] == {"value": "A"}
 
 
-def test_held_connection_does_not_starve_the_heartbeat(rdb):
+def test_held_connection_does_not_starve_the_heartbeat(edb):
     gate, seen = Gate(), {}
 
     @tool(effect="read_only")
@@ -98,7 +100,7 @@ def test_held_connection_does_not_starve_the_heartbeat(rdb):
     assert bg.error is None and bg.result.status == "succeeded"
 
 
-def test_lapsed_lease_starts_no_side_effect(rdb, tmp_path, clock):
+def test_lapsed_lease_starts_no_side_effect(edb, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
 
     def stalled_llm(transcript):
@@ -118,7 +120,7 @@ def test_lapsed_lease_starts_no_side_effect(rdb, tmp_path, clock):
     assert row.status == "running" and row.lease_owner == driver.owner
 
 
-def test_loop_that_loses_its_lease_stops_before_the_next_tool_call(rdb, tmp_path, clock):
+def test_loop_that_loses_its_lease_stops_before_the_next_tool_call(edb, tmp_path, clock):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate(once=True)
     agent = make_agent("lose", [ToolCall("charge", {"amount": 1}),
                                 ToolCall("charge", {"amount": 2}), FinalAnswer("ok")],
@@ -144,7 +146,7 @@ def test_loop_that_loses_its_lease_stops_before_the_next_tool_call(rdb, tmp_path
     assert verify(run.pk).ok
 
 
-def test_no_llm_call_after_the_lease_is_lost(rdb, tmp_path):
+def test_no_llm_call_after_the_lease_is_lost(edb, tmp_path):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate()
     llm = ScriptedLLM([ToolCall("read", {"key": "a"}), ToolCall("read", {"key": "b"}),
                        FinalAnswer("ok")])
@@ -166,7 +168,7 @@ def test_no_llm_call_after_the_lease_is_lost(rdb, tmp_path):
     assert ledger.count("read") == 1
 
 
-def test_expired_lease_records_the_result_but_starts_nothing(rdb, tmp_path, clock):
+def test_expired_lease_records_the_result_but_starts_nothing(edb, tmp_path, clock):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate(once=True)
     agent = make_agent("exp", [ToolCall("read", {"key": "a"}), ToolCall("read", {"key": "b"}),
                                FinalAnswer("ok")], ledger, {"read": gate})
@@ -188,7 +190,7 @@ def test_expired_lease_records_the_result_but_starts_nothing(rdb, tmp_path, cloc
     assert events_of(run).count("step.interrupted") == 0  # nothing was in flight
 
 
-def test_resume_of_a_live_run_is_refused(rdb, tmp_path):
+def test_resume_of_a_live_run_is_refused(edb, tmp_path):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate()
     agent = make_agent("live", [ToolCall("read", {"key": "a"}), FinalAnswer("ok")], ledger,
                        {"read": gate})
@@ -211,7 +213,7 @@ def test_resume_of_a_live_run_is_refused(rdb, tmp_path):
     assert ledger.count("read") == 1
 
 
-def test_same_lease_owner_name_is_two_owners(rdb, tmp_path):
+def test_same_lease_owner_name_is_two_owners(edb, tmp_path):
     one, two = make_owner("worker"), make_owner("worker")
     assert one != two
     for owner in (one, two):
@@ -232,7 +234,7 @@ def test_same_lease_owner_name_is_two_owners(rdb, tmp_path):
     assert bg.result.status == "succeeded"
 
 
-def test_expired_lease_is_taken_over_and_reconciled_once(rdb, tmp_path, clock):
+def test_expired_lease_is_taken_over_and_reconciled_once(edb, tmp_path, clock):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate(once=True)
     agent = make_agent("take", [ToolCall("read", {"key": "a"}), FinalAnswer("ok")], ledger,
                        {"read": gate})
@@ -265,7 +267,7 @@ def test_expired_lease_is_taken_over_and_reconciled_once(rdb, tmp_path, clock):
     assert verify(run.pk).ok
 
 
-def test_a_queued_run_is_claimed_by_exactly_one_of_many_racers(rdb, tmp_path):
+def test_a_queued_run_is_claimed_by_exactly_one_of_many_racers(edb, tmp_path):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("race", [ToolCall("charge", {"amount": 1}), FinalAnswer("ok")], ledger)
     barrier = threading.Barrier(6)
@@ -289,7 +291,7 @@ def test_a_queued_run_is_claimed_by_exactly_one_of_many_racers(rdb, tmp_path):
     assert events_of(run).count("lease.taken") == 1
 
 
-def test_renewal_needs_the_same_owner_and_epoch_and_an_unexpired_lease(rdb, clock, tmp_path):
+def test_renewal_needs_the_same_owner_and_epoch_and_an_unexpired_lease(edb, clock, tmp_path):
     agent = make_agent("renew", [FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
     with registry.override(agent):
         run = start("renew", {})

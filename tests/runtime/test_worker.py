@@ -18,6 +18,8 @@ from tests import agents
 from tests.kit import Ledger, events_of
 from tests.procs import wait_until
 
+pytestmark = pytest.mark.engines
+
 
 @contextmanager
 def _agents():
@@ -38,7 +40,7 @@ def _status(run_id: int) -> str:
     return Run.objects.get(pk=run_id).status
 
 
-def test_burst_drains_the_queue_and_exits_zero(rdb, tmp_path, spawn):
+def test_burst_drains_the_queue_and_exits_zero(edb, tmp_path, spawn):
     with _agents():
         runs = [start("steps5", {"i": i}) for i in range(6)]
     worker = spawn("--burst", "--concurrency", "3")
@@ -52,7 +54,7 @@ def test_burst_drains_the_queue_and_exits_zero(rdb, tmp_path, spawn):
     assert f"run={runs[0].pk} #" not in out
 
 
-def test_verbosity_2_logs_every_recorded_event(rdb, tmp_path, spawn):
+def test_verbosity_2_logs_every_recorded_event(edb, tmp_path, spawn):
     with _agents():
         run = start("steps5", {})
     worker = spawn("--burst", "-v", "2")
@@ -61,7 +63,7 @@ def test_verbosity_2_logs_every_recorded_event(rdb, tmp_path, spawn):
     assert f"run={run.pk} #" in out and "step.tool_finished step=1 actor=worker@" in out
 
 
-def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(rdb, tmp_path, spawn):
+def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(edb, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     worker = spawn("--grace-seconds", "60")
@@ -81,7 +83,7 @@ def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(rdb, tmp_p
     assert _ledger(tmp_path).count("slow_read") == 1  # finished once, never re-run
 
 
-def test_sigterm_past_the_grace_period_releases_an_interrupted_step(rdb, tmp_path, spawn):
+def test_sigterm_past_the_grace_period_releases_an_interrupted_step(edb, tmp_path, spawn):
     with _agents():
         run = start("slowpay", {})
     worker = spawn("--grace-seconds", "0.3")
@@ -97,7 +99,7 @@ def test_sigterm_past_the_grace_period_releases_an_interrupted_step(rdb, tmp_pat
     assert _ledger(tmp_path).count("slow_charge") == 0
 
 
-def test_a_second_signal_exits_at_once_leaving_the_lease_to_expire(rdb, tmp_path, spawn):
+def test_a_second_signal_exits_at_once_leaving_the_lease_to_expire(edb, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     worker = spawn("--grace-seconds", "60")
@@ -110,7 +112,7 @@ def test_a_second_signal_exits_at_once_leaving_the_lease_to_expire(rdb, tmp_path
     assert row.status == "running" and row.lease_owner.startswith("worker@")
 
 
-def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(rdb, tmp_path, spawn):
+def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(edb, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     first = spawn("--lease-seconds", "30")
@@ -133,7 +135,7 @@ def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(rdb, tmp_pa
     assert WorkerRow.objects.filter(pid=first.pid).exists()
 
 
-def test_a_live_workers_run_is_never_taken(rdb, tmp_path, spawn):
+def test_a_live_workers_run_is_never_taken(edb, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     holder = spawn("--lease-seconds", "30")
@@ -149,7 +151,7 @@ def test_a_live_workers_run_is_never_taken(rdb, tmp_path, spawn):
     assert holder.wait() == 0
 
 
-def test_a_survivor_takes_over_after_the_lease_expires(rdb, tmp_path, spawn):
+def test_a_survivor_takes_over_after_the_lease_expires(edb, tmp_path, spawn):
     """Without proof of death (the row says another boot), the survivor waits out the lease."""
     with _agents():
         run = start("slow", {})
@@ -167,7 +169,7 @@ def test_a_survivor_takes_over_after_the_lease_expires(rdb, tmp_path, spawn):
     assert taken.payload["reason"] == "lease expired" and taken.at >= expires
 
 
-def test_a_failing_run_never_takes_the_worker_or_other_runs_down(rdb, tmp_path, spawn):
+def test_a_failing_run_never_takes_the_worker_or_other_runs_down(edb, tmp_path, spawn):
     with _agents():
         down, boom, fine = start("llmdown", {}), start("toolboom", {}), start("steps5", {})
     worker = spawn("--burst", "--concurrency", "3")
@@ -178,7 +180,7 @@ def test_a_failing_run_never_takes_the_worker_or_other_runs_down(rdb, tmp_path, 
 
 
 @pytest.mark.slow
-def test_four_workers_share_one_sqlite_file_without_locking_errors(rdb, tmp_path, spawn):
+def test_four_workers_share_one_database_without_locking_errors(edb, tmp_path, spawn):
     with _agents():
         runs = [start("steps5", {"i": i}) for i in range(300)]
     workers = [spawn("--burst", "--concurrency", "4", "--poll-interval", "0.05",
@@ -193,11 +195,11 @@ def test_four_workers_share_one_sqlite_file_without_locking_errors(rdb, tmp_path
     for w in workers:
         out = w.output()
         assert "database is locked" not in out and "Traceback" not in out
-    handled = [int(re.search(r"\((\d+) runs handled\)", w.output())[1]) for w in workers]
+    handled = [int(re.search(r"\((\d+) runs handled", w.output())[1]) for w in workers]
     assert sum(handled) == 300
 
 
-def test_agents_option_claims_only_those_agents_runs(rdb, tmp_path, spawn):
+def test_agents_option_claims_only_those_agents_runs(edb, tmp_path, spawn):
     with _agents():
         mine = start("steps5", {})
         other = start("toolboom", {})
