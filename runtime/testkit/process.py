@@ -24,10 +24,10 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from ..agents import registry
+from ..claims import run_acquire
 from ..clock import SYSTEM_CLOCK
 from ..errors import CrashNotReached, RunLeased
 from ..models import Run, RunStatus
-from ..store import run_acquire
 from .base import Kit
 from .databases import Database, database_url, describe, same_database
 from .ledger import Ledger
@@ -200,7 +200,7 @@ class ProcessKit(Kit):
         if expires is None or expires <= now:
             return False
         try:
-            run_acquire(run_id, "kit-probe", lease_seconds=self.lease_seconds, now=now)
+            run_acquire(run_id, "kit-probe", lease_seconds=self.lease_seconds)
         except RunLeased:
             return True
         raise AssertionError(f"run {run_id} was taken over before its lease expired")

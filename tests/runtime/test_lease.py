@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -18,11 +19,11 @@ from django.db.models import F
 from runtime import FinalAnswer, ScriptedLLM, ToolCall, start, tool
 from runtime.agents import Agent, registry
 from runtime.audit import verify
+from runtime.claims import run_acquire
 from runtime.driver import Driver
 from runtime.errors import LeaseLost, RunLeased, RunNotResumable
 from runtime.lease import LeaseKeeper, lease_renew, make_owner
 from runtime.models import Event, Run, Step
-from runtime.store import run_acquire
 from tests.kit import Background, Gate, Ledger, events_of, make_agent
 
 pytestmark = pytest.mark.engines
@@ -295,12 +296,14 @@ def test_renewal_needs_the_same_owner_and_epoch_and_an_unexpired_lease(edb, cloc
     agent = make_agent("renew", [FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
     with registry.override(agent):
         run = start("renew", {})
-    lease = run_acquire(run.pk, "me", lease_seconds=1, now=clock.now()).lease
-    assert lease_renew(lease, lease_seconds=1, now=clock.advance(0.5))
-    assert lease.expires_at == clock.now() + (lease.expires_at - clock.now())
+    lease = run_acquire(run.pk, "me", lease_seconds=1, clock=clock).lease
+    clock.advance(0.5)
+    assert lease_renew([lease], lease_seconds=1, clock=clock) == []  # renewed
+    assert lease.expires_at == clock.now() + timedelta(seconds=1)
     clock.advance(1.5)  # lapsed: a lapsed lease is never revived
-    assert not lease_renew(lease, lease_seconds=1, now=clock.now())
-    taken = run_acquire(run.pk, "other", lease_seconds=1, now=clock.now()).lease
+    assert lease_renew([lease], lease_seconds=1, clock=clock) == [lease]
+    taken = run_acquire(run.pk, "other", lease_seconds=1, clock=clock).lease
     assert taken.epoch == lease.epoch + 1
-    assert not lease_renew(lease, lease_seconds=1, now=clock.now())  # old epoch is fenced off
-    assert lease_renew(taken, lease_seconds=1, now=clock.advance(0.1))
+    assert lease_renew([lease], lease_seconds=1, clock=clock) == [lease]  # old epoch fenced off
+    clock.advance(0.1)
+    assert lease_renew([lease, taken], lease_seconds=1, clock=clock) == [lease]  # one statement
