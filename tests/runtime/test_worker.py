@@ -71,6 +71,9 @@ def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(edb, tmp_p
     row = WorkerRow.objects.get()
     assert row.pid == worker.pid and row.concurrency == 1
     worker.signal(signal.SIGTERM)
+    # The call must still be in flight when the worker takes the signal: on PostgreSQL the
+    # handler runs when the idle wait on the listening connection ends, not at once.
+    wait_until(lambda: "stopping: no new claims" in worker.output(), what="the signal")
     (tmp_path / "release-slow_read").touch()
     assert worker.wait() == 0, worker.output()
     kinds = events_of(run)
