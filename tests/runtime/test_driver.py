@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 
 from runtime import (
     Budget,
@@ -25,7 +26,7 @@ from runtime.audit import verify
 from runtime.crashpoints import CrashPoint
 from runtime.driver import Driver
 from runtime.errors import RunNotResumable, SimulatedCrash
-from runtime.instrument import SqliteCounter
+from runtime.instrument import PgTrace, SqliteCounter
 from runtime.lease import LeaseKeeper
 from runtime.models import Event, Run, Step
 from tests.kit import Ledger, events_of, make_agent
@@ -33,14 +34,16 @@ from tests.kit import Ledger, events_of, make_agent
 pytestmark = pytest.mark.engines
 
 
-def _drive(run_id: int) -> tuple[Run, SqliteCounter]:
+def _drive(run_id: int) -> tuple[Run, SqliteCounter | PgTrace]:
+    """Drive the run on this thread, counting what the database executed as the engine itself
+    reports it (SQLite's trace callback, libpq's protocol trace)."""
     driver = Driver(name="t", lease_seconds=30, keeper=LeaseKeeper(30))  # no heartbeat thread
-    with SqliteCounter() as counter:
+    with SqliteCounter() if connection.vendor == "sqlite" else PgTrace() as counter:
         run = driver.drive(run_id)
     return run, counter
 
 
-def _count(tmp_path, name: str, call: ToolCall, steps: int) -> SqliteCounter:
+def _count(tmp_path, name: str, call: ToolCall, steps: int) -> SqliteCounter | PgTrace:
     agent = make_agent(name, [call] * steps + [FinalAnswer("ok")], Ledger(tmp_path / name),
                        budget=Budget(max_steps=10_000, max_llm_requests=10_000))
     with registry.override(agent):
@@ -50,8 +53,7 @@ def _count(tmp_path, name: str, call: ToolCall, steps: int) -> SqliteCounter:
     return counter
 
 
-# Commits and statements are counted by SQLite's trace callback (runtime.instrument), so the
-# two counting tests are about the SQLite engine alone.
+# Synced commits are counted by SQLite's trace callback (runtime.instrument): SQLite alone.
 @pytest.mark.engines("sqlite")
 @pytest.mark.parametrize(("call", "per_step"), [
     (ToolCall("read", {"key": "k"}), 2),
@@ -65,7 +67,6 @@ def test_synced_commits_per_step_in_the_steady_state(edb, tmp_path, call, per_st
     assert long.rollbacks == 0
 
 
-@pytest.mark.engines("sqlite")
 def test_statements_per_step_do_not_grow_with_the_run(edb, tmp_path):
     a = _count(tmp_path, "s10", ToolCall("read", {"key": "k"}), 10)
     b = _count(tmp_path, "s20", ToolCall("read", {"key": "k"}), 20)
