@@ -69,6 +69,14 @@ class WorkerProc:
                 return int(line.split()[1])
         raise RuntimeError(f"no VmRSS for pid {self.pid}")
 
+    def exited(self) -> bool:
+        """Whether the process has ended, without reaping it (``wait`` reaps it, with its CPU
+        time; ``Popen.poll`` would reap it first and lose that)."""
+        if self.returncode is not None:
+            return True
+        found = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return found is not None
+
     def wait(self, timeout: float) -> int:
         """Reap the process (SIGKILL by pid past ``timeout``); keeps its CPU seconds."""
         if self.returncode is not None:
@@ -104,7 +112,7 @@ def _wait_for(predicate: Callable[[], Any], timeout: float, what: str,
     deadline = time.monotonic() + timeout
     while not predicate():
         for w in workers:
-            if w.proc.poll() is not None:
+            if w.exited():
                 raise RuntimeError(f"worker {w.pid} exited while waiting for {what}:\n"
                                    + w.output()[-2000:])
         if time.monotonic() > deadline:
@@ -131,7 +139,7 @@ def throughput(db: Path, log_dir: Path, *, processes: int, threads: int, runs: i
     # CPU per step counts from the first step on: a process's start-up (imports, Django) is
     # not the cost of a step.
     mine = Step.objects.filter(run_id__gte=lo, run_id__lte=hi)
-    _wait_for(lambda: mine.exists() or any(w.proc.poll() is not None for w in workers),
+    _wait_for(lambda: mine.exists() or any(w.exited() for w in workers),
               timeout, "the first step", [])
     since = datetime.now(UTC)
     cpu_before = sum(w.cpu_seconds_now() for w in workers)
@@ -211,7 +219,7 @@ def worker_rss(db: Path, log_dir: Path, *, first: int, total: int,
             if done >= total:
                 rss[total] = worker.rss_kib()
                 break
-            if worker.proc.poll() is not None or time.monotonic() - start > timeout:
+            if worker.exited() or time.monotonic() - start > timeout:
                 raise RuntimeError(f"the memory run stopped at {done} runs:\n"
                                    + worker.output()[-2000:])
             time.sleep(0.1)  # the bench's own polling pace
