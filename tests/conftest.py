@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from django.core.management import call_command
 
+from runtime.benchkit.db import use_database
 from tests.engines import (
     ENGINES,
     EngineDB,
@@ -26,7 +27,6 @@ from tests.engines import (
     postgres_db,
     sqlite_db,
     unique_name,
-    use_database,
 )
 
 

@@ -13,7 +13,6 @@ class belongs to the old engine.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import os
@@ -25,7 +24,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS
 
 ENGINES = ("sqlite", "postgres")
 SERVER = os.environ.get("RUNTIME_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/postgres")
@@ -112,27 +111,3 @@ def postgres_config(url: str) -> dict[str, Any]:
 def current_config() -> dict[str, Any]:
     """A copy of the default connection's settings, to restore later."""
     return copy.deepcopy(settings.DATABASES[DEFAULT_DB_ALIAS])
-
-
-def use_database(config: dict[str, Any]) -> None:
-    """Point Django's default connection at ``config``, on this thread and on every thread that
-    opens a connection afterwards. The dict is replaced in place because the connection handler
-    cached it; this thread's wrapper is dropped because its class is the old engine's."""
-    connections.close_all()
-    with contextlib.suppress(AttributeError):  # no wrapper made on this thread yet
-        del connections[DEFAULT_DB_ALIAS]
-    conf = settings.DATABASES[DEFAULT_DB_ALIAS]
-    conf.clear()
-    conf.update(copy.deepcopy(config))
-    connections.configure_settings({DEFAULT_DB_ALIAS: conf})  # Django's defaults, in place
-    _forget_cached_rows()
-
-
-def _forget_cached_rows() -> None:
-    """Content type ids differ between two databases migrated apart; the cache is per alias."""
-    from django.apps import apps
-
-    if apps.is_installed("django.contrib.contenttypes"):
-        from django.contrib.contenttypes.models import ContentType
-
-        ContentType.objects.clear_cache()
