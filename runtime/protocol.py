@@ -4,23 +4,22 @@ Each migration that changes what workers write (an event's meaning, a row's stat
 lease is fenced) raises the version the database carries. A worker whose code speaks another
 version refuses to claim or take over a run: an older one would write events a newer reader
 misunderstands, a newer one would write to tables not yet migrated. The verdict is read again
-every few seconds, so a running worker notices a database upgraded under it.
+on each worker heartbeat (a forced check), so a running worker notices a database upgraded
+under it; elsewhere the first verdict of the process stands.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 from django.db import DatabaseError
 
 from .errors import ProtocolMismatch
 
 PROTOCOL_VERSION = 2
-RECHECK_SECONDS = 10.0
 
 _lock = threading.Lock()
-_verdict: dict[str, object] = {"at": None, "error": None}
+_verdict: dict[str, object] = {"checked": False, "error": None}
 
 
 def database_protocol() -> int | None:
@@ -36,15 +35,15 @@ def database_protocol() -> int | None:
 
 
 def protocol_check(*, force: bool = False) -> None:
-    """Raise ``ProtocolMismatch`` unless the database speaks this code's protocol."""
-    now = time.monotonic()
+    """Raise ``ProtocolMismatch`` unless the database speaks this code's protocol (read once
+    per process, or again when ``force``d)."""
     with _lock:
-        at, error = _verdict["at"], _verdict["error"]
-    if force or at is None or now - at > RECHECK_SECONDS:
+        checked, error = _verdict["checked"], _verdict["error"]
+    if force or not checked:
         found = database_protocol()
         error = None if found == PROTOCOL_VERSION else ProtocolMismatch(found, PROTOCOL_VERSION)
         with _lock:
-            _verdict["at"], _verdict["error"] = now, error
+            _verdict["checked"], _verdict["error"] = True, error
     if error is not None:
         raise error
 
@@ -52,4 +51,4 @@ def protocol_check(*, force: bool = False) -> None:
 def forget() -> None:
     """Drop the remembered verdict (a test switched databases)."""
     with _lock:
-        _verdict["at"], _verdict["error"] = None, None
+        _verdict["checked"], _verdict["error"] = False, None

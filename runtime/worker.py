@@ -310,7 +310,7 @@ class Worker:
             WorkerRow.objects.filter(owner=self.owner).update(
                 heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))
         try:
-            protocol_check()
+            protocol_check(force=True)
         except ProtocolMismatch as exc:
             log.error("worker %s: %s", self.owner, exc)
             self.refusal = exc

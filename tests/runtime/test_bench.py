@@ -16,6 +16,7 @@ from runtime.driver import Driver
 from runtime.instrument import SqliteCounter
 from runtime.lease import LeaseKeeper
 from runtime.models import Step
+from runtime.protocol import protocol_check
 from tests.procs import ROOT
 
 SECTIONS = {"machine", "ceiling", "floor", "cpu_scaling", "steps", "concurrency", "writer_limit",
@@ -33,6 +34,7 @@ def _counted(steps: int) -> SqliteCounter:
 
 
 def test_statements_and_commits_per_step_stay_constant_from_10_to_1000_steps(rdb):
+    protocol_check()  # once per process: not a cost of the first run counted
     with registry.override(*AGENTS):
         a, b, c = _counted(10), _counted(100), _counted(1_000)
     early = (b.statements - a.statements) / 90
