@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import BooleanField, Case, ExpressionWrapper, IntegerField, Q, Value, When
+from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from . import crashpoints
 from .audit import log_events
@@ -87,8 +87,11 @@ def run_claim_next(
     protocol_check()
     eng = engine()
     with eng.transaction():
-        runs = runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude)
-        run = _with_expiry(runs.select_for_update(**eng.lock_suffix(True)), clock).first()
+        run = None
+        for runs in runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude):
+            run = _with_expiry(runs.select_for_update(**eng.lock_suffix(True)), clock).first()
+            if run is not None:
+                break
         if run is None:
             return None
         reason = "" if run.status == RunStatus.QUEUED or run.expired else "owner proved dead"
@@ -96,21 +99,22 @@ def run_claim_next(
 
 
 def runnable(clock: Any = SYSTEM_CLOCK, *, agents: Sequence[str] = (),
-             dead_owners: Sequence[str] = (), exclude: Sequence[int] = ()) -> Any:
-    """Runs a worker may claim, in the order it claims them: expired or dead owners' runs
-    first, then queued runs, oldest first."""
-    ready = Q(status=RunStatus.QUEUED) | Q(
-        status=RunStatus.RUNNING, lease_expires_at__lte=now_expression(clock))
+             dead_owners: Sequence[str] = (), exclude: Sequence[int] = ()) -> list[Any]:
+    """Where a worker looks for a run to claim, in order: runs whose lease expired or whose
+    owner is proved dead (their steps wait), then queued runs, oldest first. Two queries, each
+    read along its (status, ...) index whatever the number of finished runs."""
+    gone = Q(lease_expires_at__lte=now_expression(clock))
     if dead_owners:
-        ready |= Q(status=RunStatus.RUNNING, lease_owner__in=list(dead_owners))
-    runs = Run.objects.filter(ready)
-    if agents:
-        runs = runs.filter(agent__in=list(agents))
-    if exclude:
-        runs = runs.exclude(pk__in=list(exclude))
-    first = Case(When(status=RunStatus.RUNNING, then=Value(0)), default=Value(1),
-                 output_field=IntegerField())
-    return runs.order_by(first, "pk")
+        gone |= Q(lease_owner__in=list(dead_owners))
+    found = []
+    for runs in (Run.objects.filter(gone, status=RunStatus.RUNNING),
+                 Run.objects.filter(status=RunStatus.QUEUED)):
+        if agents:
+            runs = runs.filter(agent__in=list(agents))
+        if exclude:
+            runs = runs.exclude(pk__in=list(exclude))
+        found.append(runs.order_by("pk"))
+    return found
 
 
 def _take(run: Run, owner: str, seconds: float, clock: Any, reason: str = "") -> Acquired:

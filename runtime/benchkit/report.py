@@ -147,8 +147,7 @@ def render(r: dict[str, Any]) -> str:
                                              for s in sizes))
     out.append("   plans at the largest size:")
     for name, q in sizes[-1]["queries"].items():
-        if not name.startswith("claim: worker"):
-            out.append(f"     {name}: {q['plan']}")
+        out.append(f"     {name}: {q['plan']}")
     rs = r["rss"]
     out += ["", f"6. Worker memory (default runworker, one-step runs): "
             f"{rs['rss_first_kib'] / 1024:.1f} MiB after {rs['first_runs']:,} runs, "

@@ -128,17 +128,12 @@ def _failed(pk: int) -> bool:
 
 
 def _queries() -> dict[str, Callable[[], Any]]:
-    """The queries measured: what the worker and the console run, through the same code."""
-    now = datetime.now(UTC)
+    """The queries measured: what the worker and the console run, through the same code (a
+    claim tries its two queries in turn, ``runtime.claims.runnable``)."""
     return {
-        "claim: queued, oldest first": lambda: Run.objects.filter(status="queued")
-        .order_by("pk").values_list("pk", flat=True)[:2],
-        "claim: expired leases": lambda: Run.objects.filter(
-            status="running", lease_expires_at__lte=now).order_by("lease_expires_at")
-        .values_list("pk", flat=True)[:2],
-        "claim: queued, --agents": lambda: Run.objects.filter(
-            agent__in=["bench_read"], status="queued").order_by("pk")
-        .values_list("pk", flat=True)[:2],
+        "claim: expired leases": lambda: runnable()[0][:1],
+        "claim: queued, oldest first": lambda: runnable()[1][:1],
+        "claim: queued, --agents": lambda: runnable(agents=["bench_read"])[1][:1],
         "queue: pending approvals": lambda: pending()[:50],
         "runs list: status, -id": lambda: Run.objects.filter(status="failed")
         .order_by("-id")[:50],
@@ -177,13 +172,6 @@ def measure(path: Path, sizes: list[int], reps: int) -> Iterator[dict[str, Any]]
                 list(make())  # warm the page cache
                 row["queries"][name] = {**_timed(lambda m=make: list(m()), reps),
                                         "plan": _plan(make())}
-            for name, agents in (("claim: next runnable (all)", ()),
-                                 ("claim: next runnable (--agents)", ("bench_read",))):
-                def claim_query(agents: tuple = agents) -> Any:
-                    return runnable(agents=agents)
-                list(claim_query()[:1])
-                row["queries"][name] = {**_timed(lambda q=claim_query: list(q()[:1]), reps),
-                                        "plan": _plan(claim_query()[:1])}
             yield row
     finally:
         filler.close()
