@@ -47,19 +47,19 @@ class ReadyListener:
             self._conn, self._retry_at = None, time.monotonic() + 2.0
         return self._conn
 
-    def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds; True if a run became ready meanwhile (several
-        notifications that arrived together count once)."""
+    def fileno(self) -> int | None:
+        """The listening socket to wait on (reconnecting when due); None while there is none."""
         conn = self._connect()
+        return None if conn is None else conn.fileno()
+
+    def drain(self) -> bool:
+        """Take in what arrived on the socket; True if it held a notification (several that
+        arrived together count once)."""
+        conn = self._conn
         if conn is None:
-            time.sleep(timeout)
             return False
         try:
-            woken = any(True for _ in conn.notifies(timeout=timeout, stop_after=1))
-            if woken:
-                for _ in conn.notifies(timeout=0):
-                    pass
-            return woken
+            return any(True for _ in conn.notifies(timeout=0))
         except (psycopg.Error, OSError) as exc:
             log.warning("lost the listening connection: %s", " ".join(str(exc).split())[:200])
             self.close()

@@ -9,9 +9,11 @@ becomes ready: on PostgreSQL by ``LISTEN``, on SQLite by the file's ``data_versi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import select
 import threading
 import time
 from collections.abc import Sequence
@@ -74,7 +76,7 @@ class Worker:
         self.driver = Driver(self.owner, lease_seconds=self.lease_seconds, clock=clock,
                              keeper=self.keeper, owner_is_dead=self._owner_is_dead)
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._wake = Wakeup()
         self._lock = threading.Lock()
         # Run id -> (set when the run is done here, its lease), for every run in flight.
         self._active: dict[int, tuple[threading.Event, Lease]] = {}
@@ -143,10 +145,13 @@ class Worker:
             if left <= 0 or self._wake.is_set():
                 break
             if self._listener is not None:
-                if self._listener.wait(min(WATCH_SECONDS, left)):
+                fd = self._listener.fileno()
+                woken, readable = self._wake.wait(left if fd is not None else min(1.0, left),
+                                                  fd)
+                if woken or (readable and self._listener.drain()):
                     break
                 continue
-            if self._wake.wait(min(WATCH_SECONDS, left)):
+            if self._wake.wait(min(WATCH_SECONDS, left))[0]:
                 break
             try:
                 if seen is not None and _data_version() != seen:
@@ -190,6 +195,7 @@ class Worker:
         self.keeper.stop()
         if self._listener is not None:
             self._listener.close()
+        self._wake.close()
         try:
             WorkerRow.objects.filter(owner=self.owner).delete()
         except DATABASE_FAULTS as exc:  # the row goes stale; the console shows its age
@@ -341,6 +347,43 @@ def _close_if_left_in_transaction() -> None:
             connection.close()
     except Exception:
         log.exception("closing a connection left in a transaction failed")
+
+
+class Wakeup:
+    """A flag that also wakes a ``select()``: set from any thread or a signal handler, so an
+    idle worker waiting on its listening socket wakes at once when a slot frees or a stop is
+    asked for."""
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        self._flag.set()
+        # Full: a wake-up is pending anyway; closed: the worker has stopped waiting.
+        with contextlib.suppress(OSError):
+            os.write(self._write, b"\0")
+
+    def is_set(self) -> bool:
+        return self._flag.is_set()
+
+    def clear(self) -> None:
+        self._flag.clear()
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+
+    def wait(self, timeout: float, fd: int | None = None) -> tuple[bool, bool]:
+        """Block up to ``timeout`` seconds: (this was set, ``fd`` is readable)."""
+        fds = [self._read] if fd is None else [self._read, fd]
+        ready = select.select(fds, [], [], max(timeout, 0.0))[0]
+        return self._flag.is_set(), fd is not None and fd in ready
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
 
 
 class _Slot:
