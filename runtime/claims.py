@@ -10,6 +10,7 @@ change the row between the look and the write, and the plan's compare-and-set ch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,19 +59,24 @@ def run_acquire(
     nothing."""
     protocol_check()
     eng = engine()
-    with eng.transaction():
+    with eng.transaction() if eng.locks_rows else nullcontext():
+        runs = Run.objects.select_for_update() if eng.locks_rows else Run.objects
         try:
-            run = _with_expiry(Run.objects.select_for_update(**eng.lock_suffix(False)),
-                               clock).get(pk=run_id)
+            run = _with_expiry(runs, clock).get(pk=run_id)
         except (Run.DoesNotExist, ValueError, TypeError):
             raise RunNotFound(run_id) from None
         if run.status == RunStatus.RUNNING and not run.expired:
             if not (owner_is_dead and owner_is_dead(run)):
                 raise RunLeased(run.pk, run.lease_owner, run.lease_expires_at)
-            return _take(run, owner, lease_seconds, clock, reason="owner proved dead")
-        if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+            reason = "owner proved dead"
+        elif run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+            reason = ""
+        else:
             raise RunNotResumable(run.pk, run.status)
-        return _take(run, owner, lease_seconds, clock)
+        try:
+            return _take(run, owner, lease_seconds, clock, reason=reason, locked=eng.locks_rows)
+        except _Lost:
+            raise _lost_race(run.pk, clock) from None
 
 
 def run_claim_next(
@@ -81,21 +87,59 @@ def run_claim_next(
     agents: Sequence[str] = (),
     dead_owners: Sequence[str] = (),
     exclude: Sequence[int] = (),
+    on_conflict: Callable[[], None] | None = None,
 ) -> Acquired | None:
     """Claim the next runnable run, or None: runs whose lease expired or whose owner is
-    proved dead first (their steps wait), then queued runs, oldest first."""
+    proved dead first (their steps wait), then queued runs, oldest first.
+
+    PostgreSQL locks the row it claims (``FOR UPDATE SKIP LOCKED``): workers never race for
+    one. SQLite has one writer: the run is read outside the write lock, and the claim's
+    compare-and-set decides; ``on_conflict`` hears of each claim another worker won first.
+    """
     protocol_check()
     eng = engine()
-    with eng.transaction():
-        run = None
-        for runs in runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude):
-            run = _with_expiry(runs.select_for_update(**eng.lock_suffix(True)), clock).first()
-            if run is not None:
+    looking = runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude)
+    if eng.locks_rows:
+        with eng.transaction():
+            for runs in looking:
+                run = _with_expiry(runs.select_for_update(skip_locked=True), clock).first()
+                if run is not None:
+                    return _take(run, owner, lease_seconds, clock, reason=_why(run),
+                                 locked=True)
+        return None
+    for runs in (_with_expiry(looking[0], clock), looking[1]):  # a queued run has no lease
+        lost: list[int] = []
+        for _ in range(CANDIDATES):
+            run = runs.exclude(pk__in=lost).first() if lost else runs.first()
+            if run is None:
                 break
-        if run is None:
-            return None
-        reason = "" if run.status == RunStatus.QUEUED or run.expired else "owner proved dead"
-        return _take(run, owner, lease_seconds, clock, reason=reason)
+            try:
+                return _take(run, owner, lease_seconds, clock, reason=_why(run), locked=False)
+            except _Lost:
+                lost.append(run.pk)
+                if on_conflict is not None:
+                    on_conflict()
+    return None
+
+
+CANDIDATES = 3  # SQLite: runs tried per claim before the worker looks again
+
+
+def _why(run: Run) -> str:
+    """Why a running run may be taken (a queued one is simply claimed)."""
+    return "" if run.status == RunStatus.QUEUED or run.expired else "owner proved dead"
+
+
+class _Lost(Exception):
+    """The claim's compare-and-set found the run changed since it was read."""
+
+
+def _lost_race(run_id: int, clock: Any) -> Exception:
+    """What someone else's change between our read and our claim left: the error to raise."""
+    run = _with_expiry(Run.objects, clock).get(pk=run_id)
+    if run.status == RunStatus.RUNNING and not run.expired:
+        return RunLeased(run.pk, run.lease_owner, run.lease_expires_at)
+    return RunNotResumable(run.pk, f"{run.status} (changed while claiming)")
 
 
 def runnable(clock: Any = SYSTEM_CLOCK, *, agents: Sequence[str] = (),
@@ -117,8 +161,10 @@ def runnable(clock: Any = SYSTEM_CLOCK, *, agents: Sequence[str] = (),
     return found
 
 
-def _take(run: Run, owner: str, seconds: float, clock: Any, reason: str = "") -> Acquired:
-    """Claim (queued) or take over (running) ``run``, locked by the caller's transaction."""
+def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,
+          locked: bool) -> Acquired:
+    """Claim (queued) or take over (running) ``run``: in the caller's transaction when it has
+    locked the row, else in a commit of its own whose fence raises ``_Lost`` if the run moved."""
     epoch = run.lease_epoch + 1
     plan = Plan(run_id=run.pk, at=clock.now(), actor=owner, head=run.event_hash,
                 fence=Fence(seq=run.event_seq, epoch=run.lease_epoch, status=(run.status,),
@@ -141,9 +187,10 @@ def _take(run: Run, owner: str, seconds: float, clock: Any, reason: str = "") ->
         plan.event("lease.taken", {"owner": owner, "epoch": epoch, "lease_seconds": seconds})
         plan.event("run.resumed" if resumed else "run.started", {"owner": owner})
     try:
-        committed = engine().apply_in_tx(plan, clock)
-    except Refused:  # the row is locked: only a bug can move it under us
-        raise RunNotResumable(run.pk, "changed while claiming") from None
+        committed = (engine().apply_in_tx(plan, clock) if locked
+                     else engine().commit(plan, clock))
+    except Refused:
+        raise _Lost() from None
     interrupted = step.index if step is not None else None
     log_events(committed.rows)
     run.status, run.lease_owner, run.lease_epoch = RunStatus.RUNNING, owner, epoch

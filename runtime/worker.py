@@ -27,7 +27,7 @@ from .claims import Acquired, acquired_crash_points, run_claim_next, run_release
 from .clock import SYSTEM_CLOCK, Clock
 from .driver import Driver
 from .engines import engine
-from .errors import LeaseLost, ProtocolMismatch, RunNotResumable
+from .errors import LeaseLost, ProtocolMismatch
 from .lease import LeaseKeeper, make_owner
 from .listen import ReadyListener
 from .models import Run
@@ -39,6 +39,7 @@ from .store import DATABASE_FAULTS, Lease, pause_after_fault
 log = logging.getLogger("runtime.worker")
 
 WATCH_SECONDS = 0.05  # how often an idle worker looks for other connections' commits
+DEAD_OWNERS_SECONDS = 1.0  # how stale the list of this host's dead workers may be
 
 
 def _data_version() -> int | None:
@@ -84,8 +85,10 @@ class Worker:
         self._free: list[_Slot] = []
         self.finished = 0
         self.faults = 0  # database faults ridden out by the claiming loop
-        self.claim_conflicts = 0  # claims that lost a race (none: rows are locked first)
+        self.claim_conflicts = 0  # claims another worker won first (never on PostgreSQL)
         self.refusal: ProtocolMismatch | None = None
+        self._dead: list[str] = []
+        self._dead_at = float("-inf")
         self._listener: ReadyListener | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -224,22 +227,27 @@ class Worker:
     def _claim_one(self) -> Acquired | None:
         with self._lock:
             mine = list(self._active)
-        try:
-            acquired = run_claim_next(
-                self.owner, lease_seconds=self.lease_seconds, clock=self.clock,
-                agents=self.agents, dead_owners=self._dead_owners(), exclude=mine)
-        except RunNotResumable:  # the locked row moved under the claim: never expected
-            self.claim_conflicts += 1
-            return None
+        acquired = run_claim_next(
+            self.owner, lease_seconds=self.lease_seconds, clock=self.clock, agents=self.agents,
+            dead_owners=self._dead_owners(), exclude=mine, on_conflict=self._conflict)
         if acquired is not None:
             acquired_crash_points(acquired)
         return acquired
 
+    def _conflict(self) -> None:
+        self.claim_conflicts += 1
+
     def _dead_owners(self) -> list[str]:
-        rows = WorkerRow.objects.filter(host=hostname(), boot_id=boot_id()).exclude(
-            owner=self.owner).values_list("owner", "proc_start")
-        return [owner for owner, start in rows
-                if owner_provably_dead(owner, boot=boot_id(), proc_start=start)]
+        """Owners on this host whose process is provably gone; looked up at most once per
+        ``DEAD_OWNERS_SECONDS`` (a claim per run would otherwise pay for it each time)."""
+        now = time.monotonic()
+        if now - self._dead_at >= DEAD_OWNERS_SECONDS:
+            rows = WorkerRow.objects.filter(host=hostname(), boot_id=boot_id()).exclude(
+                owner=self.owner).values_list("owner", "proc_start")
+            self._dead = [owner for owner, start in rows
+                          if owner_provably_dead(owner, boot=boot_id(), proc_start=start)]
+            self._dead_at = now
+        return self._dead
 
     def _owner_is_dead(self, run: Run) -> bool:
         row = WorkerRow.objects.filter(owner=run.lease_owner).values_list(

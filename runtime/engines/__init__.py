@@ -39,6 +39,7 @@ class Committed:
 
 class Engine(Protocol):
     vendor: str
+    locks_rows: bool  # claims lock the row (FOR UPDATE) rather than read and compare-and-set
 
     def commit(self, plan: Plan, clock: Any) -> Committed: ...
 
@@ -50,8 +51,6 @@ class Engine(Protocol):
         """Renew in one statement; (run id, epoch, owner) -> new expiry of those renewed."""
 
     def now_expression(self, clock: Any) -> Any: ...
-
-    def lock_suffix(self, skip_locked: bool) -> dict[str, Any]: ...
 
     def notify_ready(self) -> None: ...
 

@@ -67,6 +67,7 @@ def _casts(model: Any, names: list[str]) -> list[str]:
 
 class PostgresEngine:
     vendor = "postgresql"
+    locks_rows = True
 
     def commit(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]
@@ -145,9 +146,6 @@ class PostgresEngine:
         if database_time(clock):
             return Func(function="clock_timestamp", output_field=DateTimeField())
         return Value(clock.now(), DateTimeField())
-
-    def lock_suffix(self, skip_locked: bool) -> dict[str, Any]:
-        return {"skip_locked": skip_locked}
 
     def notify_ready(self) -> None:
         """Wake idle workers (``LISTEN runtime_ready``): called after the commit that made a

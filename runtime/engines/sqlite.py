@@ -82,6 +82,7 @@ def write_transaction(*, lean: bool = True) -> Any:
 
 class SqliteEngine:
     vendor = "sqlite"
+    locks_rows = False  # one writer: a claim reads outside the lock, its fence decides
 
     def commit(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]
@@ -157,9 +158,6 @@ class SqliteEngine:
 
     def now_expression(self, clock: Any) -> Any:
         return Value(clock.now(), DateTimeField())
-
-    def lock_suffix(self, skip_locked: bool) -> dict[str, Any]:
-        return {}  # the write transaction already excludes every other writer
 
     def notify_ready(self) -> None:
         """Idle workers see other connections' commits in ``PRAGMA data_version``."""
