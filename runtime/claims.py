@@ -100,12 +100,16 @@ def run_claim_next(
     eng = engine()
     looking = runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude)
     if eng.locks_rows:
-        with eng.transaction():
-            for runs in looking:
-                run = _with_expiry(runs.select_for_update(skip_locked=True), clock).first()
-                if run is not None:
-                    return _take(run, owner, lease_seconds, clock, reason=_why(run),
-                                 locked=True)
+        try:
+            with eng.transaction():
+                for runs in looking:
+                    run = _with_expiry(runs.select_for_update(skip_locked=True), clock).first()
+                    if run is not None:
+                        return _take(run, owner, lease_seconds, clock, reason=_why(run),
+                                     locked=True)
+        except _Lost:  # the locked row's fence refused (the server's clock stepped back)
+            if on_conflict is not None:
+                on_conflict()
         return None
     for runs in (_with_expiry(looking[0], clock), looking[1]):  # a queued run has no lease
         lost: list[int] = []
@@ -196,7 +200,7 @@ def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,
     run.status, run.lease_owner, run.lease_epoch = RunStatus.RUNNING, owner, epoch
     run.lease_expires_at, run.event_seq, run.event_hash = (committed.expires_at, committed.seq,
                                                            committed.head)
-    lease = Lease(run.pk, owner, epoch, committed.expires_at, committed.seq, committed.head,
+    lease = Lease(run.pk, owner, epoch, committed.expires_at, (committed.seq, committed.head),
                   seconds=seconds)
     return Acquired(lease, run, taken_over, resumed, interrupted)
 
@@ -214,8 +218,8 @@ def run_release(lease: Lease, *, clock: Any = SYSTEM_CLOCK, reason: str) -> bool
     """Hand a run back to the queue from outside its loop (a stopping worker past its grace
     period). A step still in flight is marked interrupted in the same transaction, so whoever
     claims the run next applies the interruption contract to it. False if the lease was gone."""
+    plan = lease_plan(lease, clock.now())  # first: the loop moving on makes its fence refuse
     step = _in_flight(lease.run_id)
-    plan = lease_plan(lease, clock.now())
     if step is not None:
         interrupt_step(plan, step, reason=reason)
     plan.event("run.released", {"reason": reason})

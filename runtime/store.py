@@ -12,11 +12,18 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    InterfaceError,
+    InternalError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.models import BooleanField, ExpressionWrapper, JSONField, Q, Value
 
 from .audit import EventSpec, build_events, insert_events, log_events
@@ -28,65 +35,72 @@ from .plan import Fence, Plan
 
 log = logging.getLogger("runtime.store")
 
-# What a worker rides out instead of giving up: the database was busy, went away or restarted.
-DATABASE_FAULTS = (OperationalError, InterfaceError)
+# What a worker rides out instead of giving up: the database was busy, went away, restarted,
+# or (after a failover) is read-only for a while.
+DATABASE_FAULTS = (OperationalError, InterfaceError, InternalError)
 
 
 @dataclass(eq=False)
 class Lease:
     """This process's hold on one run: owner and epoch fence every write it makes.
 
-    ``seq``/``head`` mirror the run's audit chain head, so appends need no read first.
+    ``position`` mirrors the run's audit chain head (sequence number, hash), so appends need no
+    read first; it is one attribute, replaced whole, so another thread never sees half of it.
     """
 
     run_id: int
     owner: str
     epoch: int
     expires_at: datetime | None
-    seq: int
-    head: str
+    position: tuple[int, str]
     seconds: float = 30.0
     lost: bool = False  # set by the heartbeat when a renewal finds the lease gone
     ending: bool = False  # a commit giving the lease up is under way: not a loss
 
-    def fence(self, *, unexpired: bool) -> Fence:
-        return Fence(seq=self.seq, owner=self.owner, epoch=self.epoch, unexpired=unexpired)
+    @property
+    def seq(self) -> int:
+        return self.position[0]
 
 
 def lease_plan(lease: Lease, at: datetime) -> Plan:
-    """An empty plan for the lease holder's next commit."""
-    return Plan(run_id=lease.run_id, at=at, actor=lease.owner,
-                fence=lease.fence(unexpired=False), head=lease.head)
+    """An empty plan for the lease holder's next commit, chained after the position the lease
+    has now (a commit by anyone else meanwhile makes its fence refuse)."""
+    seq, head = lease.position
+    return Plan(run_id=lease.run_id, at=at, actor=lease.owner, head=head,
+                fence=Fence(seq=seq, owner=lease.owner, epoch=lease.epoch))
 
 
 def lease_commit(lease: Lease, plan: Plan, clock: Any) -> Committed:
-    """Commit ``plan`` only while ``lease`` still holds the run (and, if an outside call
-    follows, holds it unexpired at the fencing statement). Raises ``LeaseLost`` (nothing
-    written) when the fence refuses."""
-    plan.fence = lease.fence(unexpired=plan.gated)
+    """Commit ``plan`` only while ``lease`` still holds the run at the position the plan was
+    made at (and, if an outside call follows, holds it unexpired at the fencing statement).
+    Raises ``LeaseLost`` (nothing written) when the fence refuses."""
+    plan.fence = replace(plan.fence, unexpired=plan.gated)
     if plan.releases:
         lease.ending = True
     try:
-        committed = commit_riding_faults(plan, clock, window=max(lease.seconds, 5.0))
+        committed = commit_riding_faults(plan, clock, window=max(lease.seconds, 5.0),
+                                         lease=lease)
     except Refused as refused:
         lease.ending = False
-        raise _refusal(lease, refused, clock) from None
+        raise _refusal(lease, plan, refused, clock) from None
     except BaseException:
         lease.ending = False
         raise
-    lease.seq, lease.head = committed.seq, committed.head
+    lease.position = (committed.seq, committed.head)
     log_events(committed.rows)
     if plan.run.get("status") == RunStatus.QUEUED:
         notify_ready()
     return committed
 
 
-def commit_riding_faults(plan: Plan, clock: Any, *, window: float) -> Committed:
+def commit_riding_faults(plan: Plan, clock: Any, *, window: float,
+                         lease: Lease | None = None) -> Committed:
     """``engine().commit(plan)``, through database faults for up to ``window`` seconds.
 
     After a fault the commit may or may not have landed (the reply can be lost after the
-    server committed): the run's chain head says which. At the plan's head it landed; still at
-    the fence's it did not, and is tried again; anywhere else the fence refuses it.
+    server committed), so nothing is sent again until the run's chain head has said which: at
+    the plan's head it landed; still at the fence's it did not, and is tried again; anywhere
+    else the fence refuses it.
     """
     deadline = time.monotonic() + window
     delay = 0.05
@@ -94,34 +108,50 @@ def commit_riding_faults(plan: Plan, clock: Any, *, window: float) -> Committed:
         try:
             return engine().commit(plan, clock)
         except DATABASE_FAULTS as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("run=%s database fault, retrying in %.2fs: %s", plan.run_id, delay,
-                        _one_line(exc))
-        pause_after_fault(delay)
-        delay = min(delay * 2, 2.0)
-        try:
-            landed = _landed(plan)
-        except DATABASE_FAULTS:
-            continue
+            _wait_out(exc, plan, delay, deadline)
+        while True:  # in doubt: ask until the database answers, never commit blind
+            delay = min(delay * 2, 2.0)
+            try:
+                landed = _landed(plan, clock, lease)
+                break
+            except DATABASE_FAULTS as exc:
+                _wait_out(exc, plan, delay, deadline)
         if landed is not None:
             return landed
 
 
-def _landed(plan: Plan) -> Committed | None:
-    """The committed plan if the run's chain head shows it landed; None if it did not."""
+def _wait_out(exc: BaseException, plan: Plan, delay: float, deadline: float) -> None:
+    """Log the fault and back off, or re-raise it once the window is spent."""
+    if time.monotonic() + delay > deadline:
+        raise exc
+    log.warning("run=%s database fault, retrying in %.2fs: %s", plan.run_id, delay,
+                _one_line(exc))
+    pause_after_fault(delay)
+
+
+def _landed(plan: Plan, clock: Any, lease: Lease | None) -> Committed | None:
+    """The committed plan if the run's chain head shows it landed; None if it did not.
+
+    A landed plan that starts an outside call counts only while the lease is still unexpired
+    by the database's time: after a long outage it may have lapsed, and then nothing starts.
+    """
     rows, seq, head = build_events(plan.run_id, plan.fence.seq, plan.head, plan.events,
                                    plan.actor, plan.at)
-    found = Run.objects.filter(pk=plan.run_id).values_list("event_seq", "event_hash").first()
-    if found == (seq, head):
+    found = Run.objects.filter(pk=plan.run_id).annotate(live=ExpressionWrapper(
+        Q(lease_expires_at__gt=now_expression(clock)), output_field=BooleanField())).values_list(
+        "event_seq", "event_hash", "lease_expires_at", "live").first()
+    if found is not None and found[:2] == (seq, head):
         for step in plan.step_inserts:  # their ids were in the reply that was lost
             step.pk = Step.objects.filter(run_id=plan.run_id, index=step.index).values_list(
                 "pk", flat=True).get()
             step._state.adding = False
-        expires = Run.objects.filter(pk=plan.run_id).values_list(
-            "lease_expires_at", flat=True).get() if plan.take else None
-        return Committed(rows, seq, head, expires)
-    if found is None or found != (plan.fence.seq, plan.head):
+        if lease is not None:
+            lease.position = (seq, head)
+        if plan.gated and not found[3]:
+            raise LeaseLost(plan.run_id, plan.actor, f"lease expired at {found[2]} while the "
+                            "database was away", expired_but_held=True)
+        return Committed(rows, seq, head, found[2] if plan.take else None)
+    if found is None or found[:2] != (plan.fence.seq, plan.head):
         raise Refused("the run moved on")
     return None
 
@@ -158,9 +188,9 @@ def now_expression(clock: Any) -> Any:
     return engine().now_expression(clock)
 
 
-def _refusal(lease: Lease, refused: Refused, clock: Any) -> Exception:
+def _refusal(lease: Lease, plan: Plan, refused: Refused, clock: Any) -> Exception:
     """Why a lease holder's commit was refused: a lost lease, or an approval that moved."""
-    lost = lease_diagnose(lease, clock)
+    lost = lease_diagnose(lease, clock, seq=plan.fence.seq)
     if lost is not None:
         return lost
     if refused.approval_id is not None:
@@ -168,8 +198,9 @@ def _refusal(lease: Lease, refused: Refused, clock: Any) -> Exception:
     return AssertionError(f"run {lease.run_id}: lease write refused, lease intact")
 
 
-def lease_diagnose(lease: Lease, clock: Any) -> LeaseLost | None:
-    """Why a lease write failed (marking the lease lost), or None if the lease is intact."""
+def lease_diagnose(lease: Lease, clock: Any, *, seq: int | None = None) -> LeaseLost | None:
+    """Why a lease write made at chain position ``seq`` (by default the lease's) failed,
+    marking the lease lost, or None if the lease is intact."""
     row = Run.objects.filter(pk=lease.run_id).annotate(expired=ExpressionWrapper(
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now_expression(clock)),
         output_field=BooleanField())).values(
@@ -180,7 +211,9 @@ def lease_diagnose(lease: Lease, clock: Any) -> LeaseLost | None:
         holder = row["lease_owner"] or "nobody"
         err = LeaseLost(lease.run_id, lease.owner,
                         f"lease lost: now held by {holder} (epoch {row['lease_epoch']})")
-    elif row["event_seq"] != lease.seq:
+    elif row["event_seq"] != (lease.seq if seq is None else seq):
+        if row["event_seq"] == lease.seq:  # this process's own loop moved it meanwhile
+            return LeaseLost(lease.run_id, lease.owner, "the run moved on under this commit")
         err = LeaseLost(lease.run_id, lease.owner, "the run was changed by someone else")
     elif row["expired"]:
         err = LeaseLost(lease.run_id, lease.owner,

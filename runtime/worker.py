@@ -187,7 +187,7 @@ class Worker:
             try:
                 released = run_release(lease, clock=self.clock,
                                        reason="worker stopped after its grace period")
-            except DATABASE_FAULTS as exc:
+            except Exception as exc:  # a fault, or the run moving on: its lease will expire
                 log.warning("run=%s could not be released (%s); its lease will expire", run_id,
                             _one_line(exc))
                 continue
@@ -360,26 +360,27 @@ def _close_if_left_in_transaction() -> None:
 class Wakeup:
     """A flag that also wakes a ``select()``: set from any thread or a signal handler, so an
     idle worker waiting on its listening socket wakes at once when a slot frees or a stop is
-    asked for."""
+    asked for. Lock-free (a plain attribute and a pipe), so a signal handler setting it while
+    the main thread clears it cannot deadlock; a byte in the pipe counts as set."""
 
     def __init__(self) -> None:
-        self._flag = threading.Event()
+        self._set = False
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
 
     def set(self) -> None:
-        self._flag.set()
+        self._set = True
         # Full: a wake-up is pending anyway; closed: the worker has stopped waiting.
         with contextlib.suppress(OSError):
             os.write(self._write, b"\0")
 
     def is_set(self) -> bool:
-        return self._flag.is_set()
+        return self._set
 
     def clear(self) -> None:
-        self._flag.clear()
-        with contextlib.suppress(BlockingIOError):
+        self._set = False
+        with contextlib.suppress(OSError):
             while os.read(self._read, 4096):
                 pass
 
@@ -387,7 +388,7 @@ class Wakeup:
         """Block up to ``timeout`` seconds: (this was set, ``fd`` is readable)."""
         fds = [self._read] if fd is None else [self._read, fd]
         ready = select.select(fds, [], [], max(timeout, 0.0))[0]
-        return self._flag.is_set(), fd is not None and fd in ready
+        return self._set or self._read in ready, fd is not None and fd in ready
 
     def close(self) -> None:
         os.close(self._read)

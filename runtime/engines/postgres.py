@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import DateTimeField, Func, Value
+from django.db.models import CharField, DateTimeField, Func, TextField, Value
 
 from .. import crashpoints
 from ..audit import build_events
@@ -59,10 +59,12 @@ class PostgresDialect(Dialect):
 
 def _casts(model: Any, names: list[str]) -> list[str]:
     """Each column's type, for the placeholders of an INSERT ... SELECT (no target to infer
-    from, so every value says what it is)."""
+    from, so every value says what it is). Text goes as ``text``: an explicit cast to
+    ``varchar(n)`` would cut a value silently, where the column's own check refuses it."""
     db = connections[DEFAULT_DB_ALIAS]
     fields = {f.attname: f for f in model._meta.concrete_fields}
-    return [f"%s::{fields[n].cast_db_type(db)}" for n in names]
+    return ["%s::text" if isinstance(fields[n], CharField | TextField)
+            else f"%s::{fields[n].cast_db_type(db)}" for n in names]
 
 
 class PostgresEngine:

@@ -223,3 +223,116 @@ def test_leases_are_judged_by_the_servers_clock(edb, monkeypatch):
         lease_commit(lease, plan, clock_module.SYSTEM_CLOCK)
     assert lost.value.expired_but_held
     assert Event.objects.filter(run_id=run.pk, kind="llm.requested").count() == 0
+
+
+@contextmanager
+def _fault_after_commit(kind: str, then=None):
+    """The first commit holding a ``kind`` event lands, then its reply is lost (a fault)."""
+    from django.db import OperationalError
+
+    from runtime.engines import engine
+
+    cls = type(engine())
+    real = cls.commit
+    fired = []
+
+    def commit(self, plan, clock):
+        done = real(self, plan, clock)
+        if not fired and any(e.kind == kind for e in plan.events):
+            fired.append(plan)
+            if then is not None:
+                then()
+            raise OperationalError("server closed the connection unexpectedly")
+        return done
+
+    cls.commit = commit
+    try:
+        yield fired
+    finally:
+        cls.commit = real
+
+
+def _charge_agent(tmp_path):
+    from runtime import FinalAnswer, ToolCall
+    from tests.kit import make_agent
+
+    ledger = Ledger(tmp_path / "ledger")
+    return make_agent("pay", [ToolCall("charge", {"amount": 5}), FinalAnswer("ok")], ledger), ledger
+
+
+@pytest.mark.engines
+def test_a_commit_whose_reply_was_lost_is_found_landed_not_sent_again(edb, tmp_path):
+    from runtime import resume
+    from runtime.audit import verify
+
+    agent, ledger = _charge_agent(tmp_path)
+    with registry.override(agent):
+        run = start("pay", {})
+        with _fault_after_commit("step.tool_started") as fired:
+            done = resume(run.pk, lease_seconds=30)
+    assert fired and done.status == "succeeded"
+    assert ledger.count("charge") == 1
+    kinds = list(Event.objects.filter(run_id=run.pk).values_list("kind", flat=True))
+    assert kinds.count("step.tool_started") == 1 and kinds.count("step.started") == 2
+    assert verify(run.pk).ok
+
+
+@pytest.mark.engines
+def test_a_landed_tool_start_on_a_lease_that_lapsed_meanwhile_starts_nothing(edb, tmp_path,
+                                                                              clock):
+    from runtime import resume
+    from runtime.errors import LeaseLost
+
+    agent, ledger = _charge_agent(tmp_path)
+    with registry.override(agent):
+        run = start("pay", {})
+        with (_fault_after_commit("step.tool_started", then=lambda: clock.advance(60)),
+              pytest.raises(LeaseLost) as lost):
+            resume(run.pk, lease_seconds=5, clock=clock)
+    assert lost.value.expired_but_held
+    assert ledger.count("charge") == 0  # recorded as started, never called
+    assert Run.objects.get(pk=run.pk).status == "running"  # a takeover puts it to a person
+
+
+@pytest.mark.engines
+def test_a_fault_while_finding_out_is_asked_again_never_committed_blind(edb, tmp_path,
+                                                                        monkeypatch):
+    from django.db import OperationalError
+
+    from runtime import resume, store
+
+    real = store._landed
+    asked = []
+
+    def flaky(plan, clock, lease):
+        asked.append(plan)
+        if len(asked) == 1:
+            raise OperationalError("the connection is lost")
+        return real(plan, clock, lease)
+
+    monkeypatch.setattr(store, "_landed", flaky)
+    agent, ledger = _charge_agent(tmp_path)
+    with registry.override(agent):
+        run = start("pay", {})
+        with _fault_after_commit("step.tool_started"):
+            assert resume(run.pk, lease_seconds=30).status == "succeeded"
+    assert len(asked) == 2 and ledger.count("charge") == 1
+    assert Event.objects.filter(run_id=run.pk, kind="step.tool_started").count() == 1
+
+
+def test_a_wake_up_written_after_a_clear_still_wakes():
+    """set() raced clear(): the flag ended cleared but set()'s byte is in the pipe."""
+    import os
+
+    from runtime.worker import Wakeup
+
+    wake = Wakeup()
+    try:
+        wake.clear()
+        os.write(wake._write, b"\0")
+        woken, _ = wake.wait(5.0)
+        assert woken
+        wake.clear()
+        assert wake.wait(0.0) == (False, False)
+    finally:
+        wake.close()
