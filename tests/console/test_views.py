@@ -59,6 +59,20 @@ def test_nav_on_every_page_shows_the_pending_count_and_the_user(interrupted, ope
         assert "/static/django_htmx/htmx-2.min.js" in html
 
 
+def test_no_template_comment_shows_and_the_head_holds_its_parts(interrupted, operator):
+    """A ``{# #}`` spanning lines is text to Django: it showed on every page and closed
+    ``<head>`` early, moving the stylesheet and scripts into ``<body>``."""
+    w = interrupted()
+    pages = [Client().get("/login/")] + [operator.get(url) for url in (
+        "/", f"/approvals/{w.approval.pk}/", "/runs/", f"/runs/{w.run.pk}/", "/workers/")]
+    for page in pages:
+        html = page.content.decode()
+        assert "{#" not in html and "#}" not in html
+        head, body = html.split("</head>", 1)
+        assert 'rel="stylesheet"' in head and 'name="htmx-config"' in head
+        assert "<title>" in head and "<title>" not in body
+
+
 def test_console_js_and_css_are_served(operator):
     from pathlib import Path
 
