@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from django.conf import settings
@@ -27,7 +28,8 @@ def max_payload_bytes() -> int:
 
 
 def check_payload(what: str, value: Any) -> Any:
-    """Return ``value`` as plain JSON data, or raise InvalidPayload (not JSON, too large)."""
+    """Return ``value`` as plain JSON data that both engines store and give back alike, or
+    raise InvalidPayload (not JSON, too large, a NUL character)."""
     try:
         text = dumps(value)
     except (TypeError, ValueError) as exc:
@@ -36,7 +38,27 @@ def check_payload(what: str, value: Any) -> Any:
     size = len(text.encode())
     if size > limit:
         raise InvalidPayload(what, f"{size} bytes is larger than the limit of {limit} bytes")
-    return json.loads(text)
+    if _NUL.search(text):
+        raise InvalidPayload(what, "contains the NUL character (\\u0000), which PostgreSQL "
+                             "cannot store in JSON; send it encoded")
+    return json.loads(text, parse_float=_portable_float)
+
+
+# A \u0000 escape in canonical JSON: preceded by an even number of backslashes (an escaped
+# backslash followed by "u0000" is text, not a NUL).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _portable_float(text: str) -> float | int:
+    """A number as PostgreSQL's ``jsonb`` gives it back, so a hash over it holds on both
+    engines: ``jsonb`` has no negative zero, and writes 1e+16 out as 10000000000000000 (every
+    float that large is a whole number, so it is kept as that integer)."""
+    number = float(text)
+    if number == 0:
+        return 0.0
+    if "e+" in text:
+        return int(number)
+    return number
 
 
 def request_digest(tool: str, arguments: Any, effect: str) -> str:
