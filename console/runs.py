@@ -42,12 +42,16 @@ def run_list(request: HttpRequest) -> HttpResponse:
     """Newest first, ``?before=<id>`` / ``?after=<id>`` keyset pages: the cost of a page does
     not grow with how far back it is (no OFFSET)."""
     status = request.GET.get("status", "")
-    status = status if status in RunStatus.values else ""
     agent = request.GET.get("agent", "").strip()
     q = request.GET.get("q", "").strip()
-    search_error = ""
+    search_error, code = "", 200
     qs: QuerySet[Run] = Run.objects.all()
-    if status:
+    if status not in ("", *RunStatus.values):
+        # Never a silent "everything": the operator asked for something that does not exist.
+        search_error = (f"There is no status {status[:40]!r}: choose one of "
+                        f"{', '.join(RunStatus.values)}.")
+        status, qs, code = "", qs.none(), 400
+    elif status:
         qs = qs.filter(status=status)
     if agent:
         qs = qs.filter(agent=agent)
@@ -88,7 +92,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "newer": rows[0].pk if rows and has_newer else None,
         "now": timezone.now(),
     }
-    return page(request, "console/runs.html", context, partial="run-list")
+    return page(request, "console/runs.html", context, partial="run-list", status=code)
 
 
 @require_http_methods(["GET", "POST"])

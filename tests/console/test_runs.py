@@ -58,6 +58,10 @@ def test_runs_filter_by_status_and_agent_and_search_by_id(interrupted, many_runs
     assert ids(operator.get(f"/runs/?q=%23{many_runs[3]}")) == [many_runs[3]]
     bad = operator.get("/runs/?q=abc")
     assert ids(bad) == [] and "Search by run id" in bad.content.decode()
+    unknown = operator.get("/runs/?status=bogus")  # never silently everything
+    assert unknown.status_code == 400 and ids(unknown) == []
+    assert "There is no status &#x27;bogus&#x27;: choose one of queued, running" in (
+        unknown.content.decode())
     # the filter survives paging
     page = operator.get("/runs/?agent=hello").content.decode()
     assert "?agent=hello&amp;before=" in page
