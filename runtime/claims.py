@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import Q
 
 from . import crashpoints
 from .audit import log_events
@@ -25,7 +25,7 @@ from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
 from .models import IN_FLIGHT_STEP_STATUSES, Run, RunStatus, Step
 from .plan import Fence, Plan, TakeLease, interrupt_step
 from .protocol import protocol_check
-from .store import Lease, lease_commit, lease_plan, now_expression
+from .store import Lease, lease_commit, lease_expired, lease_plan, now_expression
 
 
 @dataclass
@@ -41,9 +41,7 @@ class Acquired:
 
 def _with_expiry(runs: Any, clock: Any) -> Any:
     """Annotate whether each run's lease has expired, by the database's time."""
-    return runs.annotate(expired=ExpressionWrapper(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now_expression(clock)),
-        output_field=BooleanField()))
+    return runs.annotate(expired=lease_expired(clock))
 
 
 def run_acquire(

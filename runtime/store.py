@@ -137,9 +137,8 @@ def _landed(plan: Plan, clock: Any, lease: Lease | None) -> Committed | None:
     """
     rows, seq, head = build_events(plan.run_id, plan.fence.seq, plan.head, plan.events,
                                    plan.actor, plan.at)
-    found = Run.objects.filter(pk=plan.run_id).annotate(live=ExpressionWrapper(
-        Q(lease_expires_at__gt=now_expression(clock)), output_field=BooleanField())).values_list(
-        "event_seq", "event_hash", "lease_expires_at", "live").first()
+    found = Run.objects.filter(pk=plan.run_id).annotate(expired=lease_expired(clock)).values_list(
+        "event_seq", "event_hash", "lease_expires_at", "expired").first()
     if found is not None and found[:2] == (seq, head):
         for step in plan.step_inserts:  # their ids were in the reply that was lost
             step.pk = Step.objects.filter(run_id=plan.run_id, index=step.index).values_list(
@@ -147,7 +146,7 @@ def _landed(plan: Plan, clock: Any, lease: Lease | None) -> Committed | None:
             step._state.adding = False
         if lease is not None:
             lease.position = (seq, head)
-        if plan.gated and not found[3]:
+        if plan.gated and found[3]:
             raise LeaseLost(plan.run_id, plan.actor, f"lease expired at {found[2]} while the "
                             "database was away", expired_but_held=True)
         return Committed(rows, seq, head, found[2] if plan.take else None)
@@ -188,6 +187,14 @@ def now_expression(clock: Any) -> Any:
     return engine().now_expression(clock)
 
 
+def lease_expired(clock: Any) -> ExpressionWrapper:
+    """Whether a run's lease is gone (none, or past its expiry) by the database's time, as a
+    query expression: claims, the landed check and the diagnosis all judge it this one way."""
+    return ExpressionWrapper(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now_expression(clock)),
+        output_field=BooleanField())
+
+
 def _refusal(lease: Lease, plan: Plan, refused: Refused, clock: Any) -> Exception:
     """Why a lease holder's commit was refused: a lost lease, or an approval that moved."""
     lost = lease_diagnose(lease, clock, seq=plan.fence.seq)
@@ -201,9 +208,7 @@ def _refusal(lease: Lease, plan: Plan, refused: Refused, clock: Any) -> Exceptio
 def lease_diagnose(lease: Lease, clock: Any, *, seq: int | None = None) -> LeaseLost | None:
     """Why a lease write made at chain position ``seq`` (by default the lease's) failed,
     marking the lease lost, or None if the lease is intact."""
-    row = Run.objects.filter(pk=lease.run_id).annotate(expired=ExpressionWrapper(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now_expression(clock)),
-        output_field=BooleanField())).values(
+    row = Run.objects.filter(pk=lease.run_id).annotate(expired=lease_expired(clock)).values(
         "lease_owner", "lease_epoch", "lease_expires_at", "event_seq", "expired").first()
     if row is None:
         err = LeaseLost(lease.run_id, lease.owner, "the run no longer exists")
