@@ -10,41 +10,60 @@ from urllib.parse import quote
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import get_object_or_404, redirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import redirect
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from runtime import approvals
+from runtime import approvals, selectors
 from runtime.errors import ApprovalConflict, FourEyesViolation, InvalidDecision
-from runtime.models import Approval, ApprovalKind, ApprovalStatus, Step
+from runtime.models import Approval, ApprovalKind, ApprovalStatus
 
+from . import wording
 from .forms import DECISION_FORMS, DecisionForm
-from .render import page
-from .runs import known_agents
+from .render import no_change, page, unchanged
+from .runs import agent_note, known_agents
+from .wording import kind_word
 
 QUEUE_LIMIT = 200
+TIMELINE_STEPS = 20  # the steps up to the approval's own shown on its page; the run has all
 DECIDE_PERMISSION = "runtime.decide_approval"
 
 
 @require_http_methods(["GET"])
 def queue(request: HttpRequest) -> HttpResponse:
-    """Pending approvals, oldest first; htmx polls the list partial."""
+    """Pending approvals, oldest first. Its poll sends the version it shows (``?seen=``) and
+    gets a 204 while nothing was added or decided."""
     kind = request.GET.get("kind", "")
-    kind = kind if kind in ApprovalKind.values else ""
-    agent = request.GET.get("agent", "").strip()
-    items = list(approvals.pending(kind or None, agent or None)[: QUEUE_LIMIT + 1])
+    agent = request.GET.get("agent", "").strip()[:200]
+    if kind not in ("", *ApprovalKind.values):
+        return page(request, "console/queue.html", {
+            **_queue_filters(kind="", agent=agent), "items": [],
+            "filter_error": (f"There is no kind {kind[:40]!r}: choose one of "
+                             f"{', '.join(ApprovalKind.values)}.")},
+            partial="queue-list", status=400)
+    version = selectors.approval_queue_version(kind or None, agent or None)
+    if unchanged(request, version):
+        return no_change()
+    items, more = selectors.approval_queue(kind or None, agent or None, QUEUE_LIMIT)
     context = {
-        "items": items[:QUEUE_LIMIT],
-        "more": len(items) > QUEUE_LIMIT,
+        **_queue_filters(kind=kind, agent=agent),
+        "items": items,
+        "more": more,
         "limit": QUEUE_LIMIT,
-        "kind": kind,
-        "agent": agent,
-        "kinds": ApprovalKind.choices,
-        "agents": known_agents(),
+        "version": version,
+        # One reverse() for the page, not three per row: a full queue is 200 rows.
+        "approval_base": reverse("console:approval", args=[0]).removesuffix("0/"),
+        "run_base": reverse("console:run", args=[0]).removesuffix("0/"),
         "now": timezone.now(),
     }
     return page(request, "console/queue.html", context, partial="queue-list")
+
+
+def _queue_filters(*, kind: str, agent: str) -> dict[str, Any]:
+    return {"kind": kind, "agent": agent, "kinds": [(k, kind_word(k)) for k in ApprovalKind],
+            "agents": known_agents(), "agent_note": agent_note(agent)}
 
 
 @require_http_methods(["GET"])
@@ -55,46 +74,60 @@ def pending_count(request: HttpRequest) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 def approval_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    """The request, what is known about it, the run so far, and the three decisions."""
-    approval = get_object_or_404(Approval.objects.select_related("run", "step"), pk=pk)
+    """The request, what is known about it, the run so far, and the decisions. An open page
+    polls with the version it shows and is re-rendered whole when anything about it changed
+    (someone else decided, the run moved on)."""
+    approval = selectors.approval_for_page(pk)
+    if approval is None:
+        raise Http404("No such approval.")
     if request.method == "POST":
         return _decide(request, approval)
+    if unchanged(request, selectors.approval_version(approval)):
+        return no_change()
     return _render(request, approval)
 
 
 def _decide(request: HttpRequest, approval: Approval) -> HttpResponse:
     if not request.user.has_perm(DECIDE_PERMISSION):
         raise PermissionDenied("Deciding approvals needs the decide_approval permission.")
-    form_class = DECISION_FORMS.get(request.POST.get("decision", ""))
+    decision = request.POST.get("decision", "")
+    form_class = DECISION_FORMS.get(decision)
     if form_class is None:
         return HttpResponseBadRequest("Unknown decision.")
-    if form_class.decision == "resolve" and approval.kind not in approvals.RESOLVABLE:
-        return HttpResponseBadRequest("Resolve applies to interrupted steps only; a policy "
-                                      "approval is approved or rejected.")
-    form = form_class(request.POST)
+    if decision == "resolve" and approval.kind not in approvals.RESOLVABLE:
+        return HttpResponseBadRequest("Resolve applies to interrupted calls only; a policy "
+                                      "approval is allowed or denied.")
+    form = form_class(request.POST, confirm_label=wording.choices(approval)[decision].confirm)
     if not form.is_valid():
         return _render(request, approval, form=form, status=422)
     by = request.user.get_username()
     note = form.cleaned_data.get("note", "")
     try:
-        if form.decision == "approve":
+        if decision == "approve":
             approvals.approve(approval.pk, by, note)
-        elif form.decision == "resolve":
+        elif decision == "resolve":
             approvals.resolve(approval.pk, by, form.cleaned_data["result"], note)
         else:
             approvals.reject(approval.pk, by, note)
     except ApprovalConflict as exc:
-        approval.refresh_from_db()
-        return _render(request, approval, conflict=exc, status=409)
+        return _render(request, _reload(approval), conflict=exc, status=409)
     except FourEyesViolation as exc:
         return _render(request, approval, form=form, refusal=str(exc), status=403)
     except InvalidDecision as exc:
         form.add_error(None, exc.reason)
         return _render(request, approval, form=form, status=422)
     if request.htmx:
-        approval.refresh_from_db()
-        return _render(request, approval, just_decided=True)
+        response = _render(request, _reload(approval), just_decided=True)
+        response["HX-Trigger"] = "pending-changed"  # the nav's count, at once
+        return response
     return redirect("console:approval", pk=approval.pk, permanent=False)
+
+
+def _reload(approval: Approval) -> Approval:
+    fresh = selectors.approval_for_page(approval.pk)
+    if fresh is None:  # pragma: no cover - approvals are never deleted
+        raise Http404("No such approval.")
+    return fresh
 
 
 def _render(
@@ -108,55 +141,43 @@ def _render(
     status: int = 200,
 ) -> HttpResponse:
     user = request.user
-    can_decide = user.has_perm(DECIDE_PERMISSION)
-    blocked = approvals.four_eyes_blocks(approval, user.get_username())
-    forms: dict[str, DecisionForm] = {name: cls() for name, cls in DECISION_FORMS.items()}
-    if form is not None:
-        forms[form.decision] = form
-    allowed = ["reject"] if blocked else ["approve", "reject"]
-    if approval.kind in approvals.RESOLVABLE and not blocked:
-        allowed.insert(1, "resolve")
+    words = wording.choices(approval)
+    allowed = selectors.approval_decisions(approval, user.get_username())
+    decisions = []
+    for name in allowed:
+        bound = form if form is not None and form.decision == name else None
+        decisions.append({
+            "name": name, "words": words[name],
+            "form": bound or DECISION_FORMS[name](confirm_label=words[name].confirm)})
     check = getattr(settings, "CONSOLE_CHECK_URL", "")
+    step, run = approval.step, approval.run
+    timeline = selectors.steps_tail(run.pk, upto=step.index, limit=TIMELINE_STEPS)
     context: dict[str, Any] = {
         "approval": approval,
-        "run": approval.run,
-        "step": approval.step,
-        "check_url": check.format(key=quote(approval.step.idempotency_key), tool=quote(
+        "run": run,
+        "step": step,
+        "check_url": check.format(key=quote(step.idempotency_key), tool=quote(
             approval.tool)) if check else "",
-        "timeline": Step.objects.filter(run_id=approval.run_id, index__lte=approval.step.index)
-        .order_by("index"),
+        "timeline": timeline,
         "pending": approval.status == ApprovalStatus.PENDING,
-        "interrupted": approval.kind == ApprovalKind.INTERRUPTED_SIDE_EFFECT or (
-            approval.kind == ApprovalKind.RECONCILE and approval.effect == "side_effect"),
-        "can_decide": can_decide,
-        "four_eyes_blocked": blocked,
-        "decisions": [forms[name] for name in allowed],
+        "outcome_unknown": selectors.approval_outcome_unknown(approval),
+        "policy": selectors.approval_is_policy(approval),
+        "kind_word": kind_word(approval.kind),
+        "status_word": wording.status_word(approval),
+        "conflict_word": (wording.status_word(approval, conflict.status)
+                          if conflict is not None and conflict.status else ""),
+        "can_decide": user.has_perm(DECIDE_PERMISSION),
+        "four_eyes_blocked": approvals.four_eyes_blocks(approval, user.get_username()),
+        "decisions": decisions,
         "open_form": form.decision if form is not None else "",
         "conflict": conflict,
         "refusal": refusal,
         "just_decided": just_decided,
-        "next_step": _what_happens_next(approval),
+        "next_step": wording.what_happens_next(approval),
+        "version": selectors.approval_version(approval),
+        "watch": (approval.status == ApprovalStatus.PENDING
+                  or selectors.run_is_live(run)),
         "now": timezone.now(),
     }
-    return page(request, "console/approval.html", context, partial="decision-panel",
+    return page(request, "console/approval.html", context, partial="approval-live",
                 status=status)
-
-
-def _what_happens_next(approval: Approval) -> str:
-    tool, step = approval.tool, approval.step
-    return {
-        ApprovalStatus.APPROVED: (
-            f"The run is queued. The next worker to claim it runs {tool} once more, on step "
-            f"{step.index} with the same idempotency key. If that process dies too, a new "
-            "approval is needed."),
-        ApprovalStatus.CONSUMED: (
-            f"The approved re-run of {tool} started"
-            + (f" at {approval.consumed_at:%Y-%m-%d %H:%M:%S} UTC." if approval.consumed_at
-               else ".")),
-        ApprovalStatus.RESOLVED: (
-            f"Step {step.index} was recorded as succeeded with the given result; {tool} is not "
-            "called again. The run is queued and continues from the next step."),
-        ApprovalStatus.REJECTED: (
-            f"The run ended failed (rejected); {tool} will not be called again."),
-        ApprovalStatus.CANCELLED: "Nothing will run: this approval was cancelled.",
-    }.get(approval.status, "")

@@ -23,10 +23,11 @@ class DecisionForm(forms.Form):
                            widget=forms.Textarea(attrs={"rows": 2}))
     confirm = forms.BooleanField(required=True)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, confirm_label: str = "", **kwargs: Any) -> None:
+        """``confirm_label`` words the confirmation for the approval's kind."""
         kwargs.setdefault("prefix", self.decision)
         super().__init__(*args, **kwargs)
-        self.fields["confirm"].label = self.confirm_label
+        self.fields["confirm"].label = confirm_label or self.confirm_label
         self.fields["confirm"].error_messages["required"] = "Tick the box to confirm."
 
 

@@ -30,3 +30,16 @@ def page(
     patch_vary_headers(response, ("HX-Request",))
     patch_cache_control(response, private=True, no_store=True)
     return response
+
+
+def unchanged(request: HttpRequest, version: str) -> bool:
+    """Whether an htmx poll already shows ``version`` of what it polls (``?seen=``)."""
+    return bool(getattr(request, "htmx", None)) and request.GET.get("seen") == version
+
+
+def no_change() -> HttpResponse:
+    """A poll's answer when nothing changed: htmx swaps nothing on a 204."""
+    response = HttpResponse(status=204)
+    patch_vary_headers(response, ("HX-Request",))
+    patch_cache_control(response, private=True, no_store=True)
+    return response

@@ -6,28 +6,41 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from runtime import api
+from runtime import api, selectors
 from runtime.agents import registry
 from runtime.errors import RunNotFound, RunNotResumable
-from runtime.models import TERMINAL_RUN_STATUSES, Run, RunStatus
+from runtime.models import Run, RunStatus
 
 from .forms import CancelRunForm
-from .render import page
+from .render import no_change, page, unchanged
 
 PAGE_SIZE = 50
-EVENTS_SHOWN = 1000
+STEPS_SHOWN = 50  # a run's page shows its latest steps and events; the rest a click away
+EVENTS_SHOWN = 50
 CANCEL_PERMISSION = "runtime.cancel_run"
+RUN_LIST_FIELDS = ("id", "agent", "status", "failure_code", "lease_owner", "llm_requests", "cost",
+                   "created_at", "updated_at")
 CANCELLABLE = (RunStatus.QUEUED, RunStatus.WAITING)
 
 
 def known_agents() -> list[str]:
     """Agent names from settings (not a DISTINCT over the runs table, which grows without end)."""
     return sorted(registry.all())
+
+
+def agent_note(agent: str) -> str:
+    """A filter on an agent no longer configured still filters (its runs stay recorded), and
+    says so rather than looking like a typo that matched nothing."""
+    if not agent or agent in registry.all():
+        return ""
+    return (f"No agent named {agent[:60]!r} is configured now (configured: "
+            f"{', '.join(known_agents()) or 'none'}); showing what was recorded under that name.")
 
 
 def _int(value: str | None) -> int | None:
@@ -42,10 +55,10 @@ def run_list(request: HttpRequest) -> HttpResponse:
     """Newest first, ``?before=<id>`` / ``?after=<id>`` keyset pages: the cost of a page does
     not grow with how far back it is (no OFFSET)."""
     status = request.GET.get("status", "")
-    agent = request.GET.get("agent", "").strip()
-    q = request.GET.get("q", "").strip()
+    agent = request.GET.get("agent", "").strip()[:200]
+    q = request.GET.get("q", "").strip()[:40]
     search_error, code = "", 200
-    qs: QuerySet[Run] = Run.objects.all()
+    qs: QuerySet[Run] = Run.objects.only(*RUN_LIST_FIELDS)
     if status not in ("", *RunStatus.values):
         # Never a silent "everything": the operator asked for something that does not exist.
         search_error = (f"There is no status {status[:40]!r}: choose one of "
@@ -87,7 +100,9 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "search_error": search_error,
         "statuses": RunStatus.choices,
         "agents": known_agents(),
+        "agent_note": agent_note(agent),
         "filters": filters.urlencode(),
+        "run_base": reverse("console:run", args=[0]).removesuffix("0/"),
         "older": rows[-1].pk if rows and has_older else None,
         "newer": rows[0].pk if rows and has_newer else None,
         "now": timezone.now(),
@@ -97,8 +112,13 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    """Everything about one run; htmx polls the live part (status, lease, totals)."""
-    run = get_object_or_404(Run, pk=pk)
+    """One run: its live state, its latest steps and events (``?steps_before=N`` pages back
+    through the steps), its approvals, and cancel. An open page polls with the version it
+    shows and is re-rendered only when the run changed."""
+    run = selectors.run_for_page(pk)
+    if run is None:
+        raise Http404("No such run.")
+    steps_before = _int(request.GET.get("steps_before"))
     form = CancelRunForm()
     message, status = "", 200
     if request.method == "POST":
@@ -114,29 +134,39 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             except (RunNotResumable, RunNotFound) as exc:
                 message, status = f"Not cancelled: {exc}.", 409
             else:
-                if not request.htmx:
-                    return redirect("console:run", pk=run.pk)
-                form = CancelRunForm()
-            run.refresh_from_db()
-    return page(request, "console/run.html", _context(request, run, form, message),
-                partial="run-live", status=status)
+                return redirect("console:run", pk=run.pk)
+            run = selectors.run_for_page(pk) or run
+    elif unchanged(request, _version(run)):
+        return no_change()
+    return page(request, "console/run.html",
+                _context(request, run, form, message, steps_before), partial="run-live",
+                status=status)
 
 
-def _context(request: HttpRequest, run: Run, form: CancelRunForm, message: str) -> dict[str, Any]:
-    now = timezone.now()
-    events = list(run.events.order_by("seq")[: EVENTS_SHOWN + 1])
+def _version(run: Run) -> str:
+    """The run's own version, and whether its lease holds: a lease can lapse (a worker died)
+    without the run changing, and the page must say so."""
+    return f"{selectors.run_version(run)}.{int(selectors.run_lease_live(run))}"
+
+
+def _context(request: HttpRequest, run: Run, form: CancelRunForm, message: str,
+             steps_before: int | None) -> dict[str, Any]:
+    live = selectors.run_is_live(run)
+    query = request.GET.copy()
+    query.pop("seen", None)
     return {
         "run": run,
-        "live": run.status not in TERMINAL_RUN_STATUSES,
-        "lease_live": bool(run.lease_owner and run.lease_expires_at
-                           and run.lease_expires_at > now),
-        "steps": run.steps.order_by("index"),
-        "approvals": run.approvals.select_related("step").order_by("created_at", "pk"),
-        "events": events[:EVENTS_SHOWN],
-        "more_events": len(events) > EVENTS_SHOWN,
+        "live": live,
+        "lease_live": selectors.run_lease_live(run),
+        "steps": selectors.steps_tail(run.pk, before=steps_before, limit=STEPS_SHOWN),
+        "steps_before": steps_before,
+        "approvals": selectors.run_approvals(run.pk),
+        "events": selectors.events_tail(run, limit=EVENTS_SHOWN),
         "can_cancel": (request.user.has_perm(CANCEL_PERMISSION)
                        and run.status in CANCELLABLE),
         "cancel_form": form,
         "message": message,
-        "now": now,
+        "version": _version(run),
+        "query": query.urlencode(),
+        "now": timezone.now(),
     }

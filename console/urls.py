@@ -19,6 +19,8 @@ console_patterns = [
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    # Browsers ask for /favicon.ico on pages without an icon link (the admin's, error pages).
+    path("favicon.ico", views.favicon),
     path("demo/", include("demo.urls")),
     path("", include((console_patterns, "console"))),
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
+from django.templatetags.static import static
 from django.views.decorators.http import require_http_methods
 
 
@@ -20,6 +21,13 @@ def healthz(request: HttpRequest) -> JsonResponse:
             return JsonResponse({"database": "ok", "journal_mode": mode, "synchronous": sync})
         cur.execute("SELECT 1")
     return JsonResponse({"database": "ok"})
+
+
+@login_not_required
+@require_http_methods(["GET", "HEAD"])
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """The icon, for pages that do not link it (the admin's, error pages)."""
+    return HttpResponseRedirect(static("console/favicon.svg"))
 
 
 login = auth_views.LoginView.as_view(redirect_authenticated_user=True)

@@ -146,7 +146,7 @@ def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,
                          finished_at=plan.at)
         plan.run["status"] = RunStatus.QUEUED
     else:
-        message = f"rejected by {by}: {note}"
+        message = f"{by} rejected the call to {approval.tool} on step {idx}: {note}"
         plan.event("approval.rejected", base, idx)
         plan.event("run.failed", {"code": FailureCode.REJECTED.value, "message": message})
         plan.step_update(approval.step, status=StepStatus.REJECTED, finished_at=plan.at)

@@ -6,7 +6,6 @@ own ``ctx.dispatch()`` record proves the call never went out.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -130,10 +129,8 @@ def _run_again(ex: Execution, plan: Plan, step: Step, tool: Tool, **why: Any) ->
 def _presentation_for(kind: str, step: Step) -> tuple[str, str]:
     """Text for a fresh approval of ``step``'s request as it stands now."""
     if kind == ApprovalKind.POLICY:
-        return (f"Approve {step.tool}?",
-                f"The request changed since it was last approved.\n\nArguments: "
-                f"{json.dumps(step.arguments, indent=2, sort_keys=True)}\n"
-                f"Idempotency key: {step.idempotency_key}")
+        return (f"Allow {step.tool}?",
+                "The request changed since it was last allowed; decide on it as it is now.")
     return _interrupted_presentation(step)
 
 
@@ -218,14 +215,11 @@ def _interrupted_presentation(step: Step) -> tuple[str, str]:
     when = started.at.isoformat(timespec="seconds") if started else "an unknown time"
     who = started.actor if started else "an unknown owner"
     title = f"{step.tool} was interrupted: did it take effect?"
+    # The page shows the arguments, the key and what each decision does; this says what
+    # happened, which nothing else on it does.
     detail = (
         f"The call to {step.tool} ({step.effect}) started at {when}, attempt {step.attempt}, "
         f"run by {who}, and the process stopped before its outcome was recorded, so whether "
-        f"it took effect is unknown.\n\n"
-        f"Arguments: {json.dumps(step.arguments, indent=2, sort_keys=True)}\n"
-        f"Idempotency key: {step.idempotency_key}\n\n"
-        "Check the outside world for this key. Approve runs the same request once more "
-        "(a second execution if the first took effect). Resolve records the result you found "
-        "and continues. Reject ends the run without calling the tool again."
+        "it took effect is unknown. Check the outside world for its idempotency key."
     )
     return title, detail

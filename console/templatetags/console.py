@@ -8,6 +8,9 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
+
+from console import wording
 
 register = template.Library()
 
@@ -61,3 +64,43 @@ def duration(delta: timedelta | None) -> str:
     else:
         text = f"{secs}s"
     return sign + text
+
+
+@register.simple_tag
+def moment(at: datetime | None, now: datetime | None = None) -> str:
+    """A moment as "2026-12-03 20:11:08 UTC (3m 12s ago)"; the age keeps counting in the
+    browser (console.js), so a page that is not re-rendered never shows a frozen age."""
+    if at is None:
+        return "—"
+    return format_html('{} UTC (<time datetime="{}" data-age>{}</time> ago)',
+                       f"{at:%Y-%m-%d %H:%M:%S}", at.isoformat(), age(at, now))
+
+
+@register.simple_tag
+def since(at: datetime | None, now: datetime | None = None) -> str:
+    """Just the age ("3m 12s"), counting on in the browser; the full time in its tooltip."""
+    if at is None:
+        return "—"
+    return format_html('<time datetime="{}" data-age title="{} UTC">{}</time>', at.isoformat(),
+                       f"{at:%Y-%m-%d %H:%M:%S}", age(at, now))
+
+
+@register.simple_tag
+def left(until_at: datetime | None, now: datetime | None = None) -> str:
+    """Time left until a moment ("12s"), counting down in the browser."""
+    if until_at is None:
+        return "—"
+    return format_html('<time datetime="{}" data-until>{}</time>', until_at.isoformat(),
+                       until(until_at, now))
+
+
+@register.filter
+def kind_word(kind: str) -> str:
+    """An approval kind in the console's words ("interrupted call", "policy check")."""
+    return wording.kind_word(kind)
+
+
+@register.simple_tag
+def approval_status(approval: Any) -> str:
+    """An approval's status in the words of its kind ("allowed, started at …")."""
+    return wording.status_word(approval)

@@ -1,13 +1,21 @@
-// Keyboard shortcuts for the console. Moving and opening only: every decision still needs its
+// The console's small behaviours. Moving and opening only: every decision still needs its
 // form's confirmation box ticked and its button pressed.
 //   queue:         j / k  move the selection,  o / Enter  open the selected approval
-//   approval page: a  approve,  s  resolve,  r  reject   (opens that decision's form)
+//   approval page: a / s / r  open the first, second or third decision's form,  Escape closes it
+// Ages ("3m 12s ago") keep counting between renders, and a field's old error goes once the
+// field is edited.
 (function () {
   "use strict";
-  var selectedId = null;
+  // The queue's selection lives in this history entry's state, so Back to the queue finds it.
+  var selectedId = (window.history.state && window.history.state.queueSelection) || null;
 
   function rows() {
     return Array.prototype.slice.call(document.querySelectorAll("tr[data-queue-row]"));
+  }
+
+  function remember() {
+    var state = Object.assign({}, window.history.state || {}, { queueSelection: selectedId });
+    window.history.replaceState(state, "");
   }
 
   function paint(scroll) {
@@ -29,24 +37,41 @@
     index = index < 0 ? (delta > 0 ? 0 : all.length - 1)
                       : Math.min(all.length - 1, Math.max(0, index + delta));
     selectedId = all[index].getAttribute("data-id");
+    remember();
     paint(true);
+  }
+
+  function open(row) {
+    selectedId = row.getAttribute("data-id");
+    remember();
+    window.location.href = row.getAttribute("data-href");
   }
 
   function openSelected() {
     var row = paint(false);
-    if (row) { window.location.href = row.getAttribute("data-href"); return true; }
+    if (row) { open(row); return true; }
     return false;
   }
 
-  function openDecision(name) {
-    var details = document.getElementById("decide-" + name);
+  function openDecision(key) {
+    var all = Array.prototype.slice.call(document.querySelectorAll("details.decision"));
+    var details = document.getElementById("decide-" + key);
     if (!details) { return false; }
-    document.querySelectorAll("details.decision").forEach(function (d) {
-      d.open = d === details;
-    });
+    all.forEach(function (d) { d.open = d === details; });
     var field = details.querySelector("textarea, input[type=text]");
     if (field) { field.focus(); }
     return true;
+  }
+
+  function closeDecisions() {
+    var closed = false;
+    document.querySelectorAll("details.decision[open]").forEach(function (d) {
+      d.open = false;
+      closed = true;
+      var summary = d.querySelector("summary");
+      if (summary) { summary.focus(); }
+    });
+    return closed;
   }
 
   function typing(target) {
@@ -57,6 +82,10 @@
 
   document.addEventListener("keydown", function (event) {
     if (event.defaultPrevented || event.ctrlKey || event.metaKey || event.altKey) { return; }
+    if (event.key === "Escape") {  // also from inside a form's fields
+      if (closeDecisions()) { event.preventDefault(); }
+      return;
+    }
     if (typing(event.target)) { return; }
     var handled = false;
     switch (event.key) {
@@ -73,9 +102,51 @@
   // A click on a queue row opens it, as its link does.
   document.addEventListener("click", function (event) {
     var row = event.target.closest && event.target.closest("tr[data-queue-row]");
-    if (row && !event.target.closest("a")) { window.location.href = row.getAttribute("data-href"); }
+    if (!row) { return; }
+    if (event.target.closest("a")) {
+      selectedId = row.getAttribute("data-id");
+      remember();
+      return;
+    }
+    open(row);
   });
 
-  // The queue list is replaced by its poll every few seconds: keep the selection across swaps.
-  document.addEventListener("htmx:afterSwap", function () { paint(false); });
+  // Editing a field clears the error shown for its earlier value.
+  document.addEventListener("input", function (event) {
+    var holder = event.target.closest && event.target.closest("p");
+    if (!holder) { return; }
+    holder.querySelectorAll("[data-field-error]").forEach(function (e) { e.remove(); });
+  });
+
+  // Ages and countdowns, from the moment the server rendered them.
+  function duration(seconds) {
+    var sign = seconds < 0 ? "-" : "";
+    seconds = Math.floor(Math.abs(seconds));
+    var d = Math.floor(seconds / 86400), h = Math.floor(seconds % 86400 / 3600);
+    var m = Math.floor(seconds % 3600 / 60), s = seconds % 60;
+    if (d) { return sign + d + "d " + h + "h"; }
+    if (h) { return sign + h + "h " + m + "m"; }
+    if (m) { return sign + m + "m " + s + "s"; }
+    return sign + s + "s";
+  }
+
+  // The server's clock decides ages, not this machine's: the offset between them at load.
+  var rendered = Date.parse(document.body.getAttribute("data-now") || "");
+  var offset = isNaN(rendered) ? 0 : rendered - Date.now();
+
+  function tick() {
+    var now = Date.now() + offset;
+    document.querySelectorAll("time[data-age]").forEach(function (t) {
+      t.textContent = duration((now - Date.parse(t.getAttribute("datetime"))) / 1000);
+    });
+    document.querySelectorAll("time[data-until]").forEach(function (t) {
+      var left = (Date.parse(t.getAttribute("datetime")) - now) / 1000;
+      t.textContent = duration(Math.max(0, left));
+    });
+  }
+  window.setInterval(tick, 1000);
+
+  // A poll replaces the queue list: keep the selection across swaps.
+  document.addEventListener("htmx:afterSwap", function () { paint(false); tick(); });
+  document.addEventListener("DOMContentLoaded", function () { paint(false); });
 })();

@@ -4,6 +4,8 @@ what is shown, who may decide, and that every refused decision changes nothing."
 from __future__ import annotations
 
 import json
+import re
+from html import unescape
 
 import pytest
 
@@ -63,7 +65,14 @@ def test_queue_filters_by_kind_and_agent(interrupted, policy_paused, operator):
                                                                     refund.approval.pk]
     assert ids(operator.get("/?agent=refund")) == [refund.approval.pk]
     assert ids(operator.get("/?kind=reconcile")) == []
-    assert ids(operator.get("/?kind=nonsense")) == ids(operator.get("/"))  # ignored, not an error
+    unknown = operator.get("/?kind=nonsense")  # never a silent "everything"
+    assert unknown.status_code == 400 and ids(unknown) == []
+    assert "There is no kind 'nonsense': choose one of policy" in unescape(
+        unknown.content.decode())
+    unconfigured = operator.get("/?agent=retired")  # still filters, and says why nothing shows
+    assert unconfigured.status_code == 200 and ids(unconfigured) == []
+    assert "No agent named 'retired' is configured now" in unescape(
+        unconfigured.content.decode())
 
 
 def test_queue_poll_renders_only_the_list_partial(interrupted, operator):
@@ -72,10 +81,19 @@ def test_queue_poll_renders_only_the_list_partial(interrupted, operator):
     html = page.content.decode()
     assert html.lstrip().startswith('<div id="queue-list"')
     assert "<html" not in html and "<nav" not in html
-    # the poll keeps the filter, so a refresh never drops it
-    assert 'hx-get="/?kind=interrupted_side_effect"' in html
+    # the poll keeps the filter, so a refresh never drops it, and says what it shows
+    version = re.search(r'data-version="([^"]+)"', html).group(1)
+    assert f'hx-get="/?kind=interrupted_side_effect&amp;seen={version}"' in html
     assert 'hx-trigger="every 3s"' in html
     assert "HX-Request" in page["Vary"]
+    # a poll of what it already shows gets nothing back...
+    same = operator.get(f"/?kind=interrupted_side_effect&seen={version}", **HTMX)
+    assert same.status_code == 204 and same.content == b"" and "no-store" in same["Cache-Control"]
+    # ...until an approval is added (or one is decided)
+    interrupted()
+    moved = operator.get(f"/?kind=interrupted_side_effect&seen={version}", **HTMX)
+    assert moved.status_code == 200 and moved.content.decode().count("data-queue-row") == 2
+    assert f'data-version="{version}"' not in moved.content.decode()
 
 
 def test_nav_pending_count_partial(interrupted, operator):
@@ -115,7 +133,7 @@ def test_approval_page_shows_the_request_and_says_the_outcome_is_unknown(interru
     assert '{\n  &quot;to&quot;: &quot;&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;' \
            '&quot;\n}' in html
     # the run's step timeline up to this step
-    assert [s.index for s in page.context["timeline"]] == [1]
+    assert [s.index for s in page.context["timeline"].rows] == [1]
     for name in ("approve", "resolve", "reject"):
         assert f'id="decide-{name}"' in html
 
@@ -154,7 +172,8 @@ def test_approve_records_who_and_shows_what_happens_next(interrupted, operator):
     assert Run.objects.get(pk=w.run.pk).status == "queued"
     assert Event.objects.get(run_id=w.run.pk, kind="approval.granted").actor == "olga"
     html = operator.get(response["Location"]).content.decode()
-    assert "Approved</strong>\n            by olga" in html
+    assert "Approved to run once more, not started yet</strong>\n            — decided by olga" \
+        in html
     assert "What happens next: The run is queued" in html
     assert operator.get("/").context["items"] == []  # it left the queue
 
@@ -164,7 +183,10 @@ def test_approve_over_htmx_answers_with_the_decision_panel(interrupted, operator
     response = decide(operator, w.approval, "approve", htmx=True)
     html = response.content.decode().strip()
     assert response.status_code == 200
-    assert html.startswith('<div id="decision-panel"') and "by olga" in html
+    # the whole approval, not just its decision: header, banner, steps and outcome agree
+    assert html.startswith('<div id="approval-live"') and "decided by olga" in html
+    assert 'data-testid="run-status">queued<' in html and "Outcome unknown" not in html
+    assert response["HX-Trigger"] == "pending-changed"  # the nav's count follows at once
 
 
 def test_reject_needs_a_note_and_ends_the_run(interrupted, operator):
@@ -278,7 +300,7 @@ def test_waiting_is_shown(interrupted, operator, clock):
     w: Waiting = interrupted()
     html = operator.get("/").content.decode()
     assert f'data-id="{w.approval.pk}"' in html
-    assert 'title="since 2026-01-01' in html
+    assert 'title="2026-01-01' in html and "data-age" in html
 
 
 def test_a_null_result_is_recorded_and_shown(interrupted, operator):
@@ -296,7 +318,7 @@ def test_a_forged_resolve_of_a_policy_approval_is_400_and_changes_nothing(policy
     response = operator.post(f"/approvals/{w.approval.pk}/", {
         "decision": "resolve", "resolve-confirm": "on", "resolve-result": "{}"})
     assert response.status_code == 400
-    assert "Resolve applies to interrupted steps only" in response.content.decode()
+    assert "Resolve applies to interrupted calls only" in response.content.decode()
     assert snapshot(w.run.pk) == before
 
 

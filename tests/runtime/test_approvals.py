@@ -373,8 +373,9 @@ def test_stale_approval_is_refused_when_it_would_be_consumed(interrupted, clock)
 
 def test_stale_approval_reasked_shows_the_request_it_now_approves(interrupted, clock):
     _run, _approval, _ledger, fresh = _approved_then_altered(interrupted, clock)
-    assert '"amount": 500' in fresh.detail
-    assert '"amount": 5\n' not in fresh.detail
+    assert fresh.arguments == {"amount": 500}  # what the page shows as the request
+    assert "whether it took effect is unknown" in fresh.detail
+    assert '"amount": 5' not in fresh.detail  # the old request is not described
 
 
 # -- refused decisions change nothing ------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""The words the console uses for each kind of approval.
+
+A policy approval asks before a call ever runs: it is allowed or denied. An interrupted side
+effect (or a reconcile conflict) asks about a call that may already have happened: it is run
+once more, recorded as having happened, or the run ends. Buttons, confirmations, outcomes and
+409 messages all take their words from here, so one kind is never worded as the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from runtime.models import Approval, ApprovalKind, ApprovalStatus
+from runtime.selectors import approval_is_policy
+
+KIND_WORDS = {
+    ApprovalKind.POLICY: "policy check",
+    ApprovalKind.INTERRUPTED_SIDE_EFFECT: "interrupted call",
+    ApprovalKind.RECONCILE: "reconcile conflict",
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision as a person sees it: the heading that opens it, what ticking the box
+    confirms, and the button."""
+
+    summary: str
+    confirm: str
+    button: str
+
+
+POLICY_CHOICES = {
+    "approve": Choice("Allow this call", "Yes: allow this call, once, with these arguments.",
+                      "Allow"),
+    "reject": Choice("Deny", "Yes: deny this call and end the run.", "Deny"),
+}
+RERUN_CHOICES = {
+    "approve": Choice("Run it once more", "Yes: run this exact request once more.",
+                      "Run it once more"),
+    "resolve": Choice("It happened: record the result",
+                      "Yes: it happened; record this result and continue.", "Record the result"),
+    "reject": Choice("End the run", "Yes: end the run; do not call the tool again.",
+                     "End the run"),
+}
+
+_POLICY_STATUS = {
+    ApprovalStatus.PENDING: "waiting for a decision",
+    ApprovalStatus.APPROVED: "allowed, not started yet",
+    ApprovalStatus.CONSUMED: "allowed, started",
+    ApprovalStatus.REJECTED: "denied",
+    ApprovalStatus.CANCELLED: "cancelled",
+}
+_RERUN_STATUS = {
+    ApprovalStatus.PENDING: "waiting for a decision",
+    ApprovalStatus.APPROVED: "approved to run once more, not started yet",
+    ApprovalStatus.CONSUMED: "approved, run once more",
+    ApprovalStatus.RESOLVED: "recorded as happened",
+    ApprovalStatus.REJECTED: "run ended",
+    ApprovalStatus.CANCELLED: "cancelled",
+}
+
+
+def choices(approval: Approval) -> dict[str, Choice]:
+    return POLICY_CHOICES if approval_is_policy(approval) else RERUN_CHOICES
+
+
+def kind_word(kind: str) -> str:
+    return KIND_WORDS.get(kind, kind)
+
+
+def status_word(approval: Approval, status: str | None = None, *, when: bool = True) -> str:
+    """``approval``'s status (or ``status``) in words, with when the call started if it did:
+    "allowed, started at 2026-12-03 20:11:08 UTC" rather than "consumed"."""
+    status = status or approval.status
+    table = _POLICY_STATUS if approval_is_policy(approval) else _RERUN_STATUS
+    word = table.get(status, status)
+    if when and status == ApprovalStatus.CONSUMED and approval.consumed_at:
+        word += f" at {_utc(approval.consumed_at)}"
+    return word
+
+
+def what_happens_next(approval: Approval) -> str:
+    """After a decision: what the runtime does about it, in the approval's own terms."""
+    tool, index = approval.tool, approval.step.index
+    policy = approval_is_policy(approval)
+    started = f" at {_utc(approval.consumed_at)}" if approval.consumed_at else ""
+    if approval.status == ApprovalStatus.APPROVED:
+        return (f"The run is queued. The next worker to claim it calls {tool} on step {index}."
+                if policy else
+                f"The run is queued. The next worker to claim it runs {tool} once more, on step "
+                f"{index} with the same idempotency key. If that process dies too, a new "
+                "approval is needed.")
+    if approval.status == ApprovalStatus.CONSUMED:
+        return (f"The allowed call to {tool} started{started}." if policy else
+                f"{tool} was run once more{started}.")
+    if approval.status == ApprovalStatus.RESOLVED:
+        return (f"Step {index} was recorded as succeeded with the given result; {tool} is not "
+                "called again. The run continues from the next step.")
+    if approval.status == ApprovalStatus.REJECTED:
+        return (f"The run ended failed; {tool} was never called." if policy else
+                f"The run ended failed; {tool} will not be called again.")
+    if approval.status == ApprovalStatus.CANCELLED:
+        return "Nothing will run: this approval was cancelled."
+    return ""
+
+
+def _utc(moment: datetime) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"

@@ -1,0 +1,138 @@
+"""Reads for people: what the console (or any other reader) shows, with the runtime's rules
+applied here, once, so a page never restates which decisions are allowed or whether a lease
+holds.
+
+Each selector loads only the columns its readers show and is bounded: a run of 5,000 steps
+or an audit log of a million events costs a page the same as a short one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .approvals import RESOLVABLE, four_eyes_blocks, pending
+from .clock import SYSTEM_CLOCK
+from .models import (
+    TERMINAL_RUN_STATUSES,
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Effect,
+    Event,
+    Run,
+    Step,
+)
+from .store import lease_expired
+
+# The queue shows these columns of an approval, its run and its step; nothing else is loaded.
+QUEUE_FIELDS = ("id", "kind", "tool", "effect", "title", "created_at", "run_id", "step_id",
+                "run__agent", "step__index")
+
+
+def approval_queue(kind: str | None = None, agent: str | None = None,
+                   limit: int = 200) -> tuple[list[Approval], bool]:
+    """The oldest ``limit`` pending approvals (and whether there are more), with only the
+    columns the queue shows."""
+    rows = list(pending(kind, agent).only(*QUEUE_FIELDS)[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def approval_queue_version(kind: str | None = None, agent: str | None = None) -> str:
+    """Changes whenever the queue's membership does (one approval added, one decided): a poll
+    that sends the version it has gets nothing back while it holds."""
+    qs = pending(kind, agent).order_by()
+    newest = qs.order_by("-pk").values_list("pk", flat=True).first()
+    return f"{qs.count()}.{newest or 0}"
+
+
+def approval_for_page(pk: int) -> Approval | None:
+    """One approval with its run and step (a single query)."""
+    return Approval.objects.select_related("run", "step").filter(pk=pk).first()
+
+
+def approval_version(approval: Approval) -> str:
+    """Changes whenever anything shown about the approval can: its status, or anything in its
+    run (every change to a run appends to its audit chain)."""
+    return f"{approval.status}.{approval.run.event_seq}"
+
+
+def approval_decisions(approval: Approval, by: str) -> list[str]:
+    """The decisions ``by`` may make on ``approval`` now, in the order to offer them: none once
+    decided; under four-eyes only rejecting; resolving only where a call may have happened."""
+    if approval.status != ApprovalStatus.PENDING:
+        return []
+    if four_eyes_blocks(approval, by):
+        return ["reject"]
+    if approval.kind in RESOLVABLE:
+        return ["approve", "resolve", "reject"]
+    return ["approve", "reject"]
+
+
+def approval_outcome_unknown(approval: Approval) -> bool:
+    """Whether the request is a side effect that may already have happened: the person must
+    check the outside world first. (A policy approval is asked before the call ever runs.)"""
+    return approval.kind in RESOLVABLE and approval.effect == Effect.SIDE_EFFECT
+
+
+def approval_is_policy(approval: Approval) -> bool:
+    """A policy approval asks before a first call; the others ask about an interrupted one."""
+    return approval.kind == ApprovalKind.POLICY
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The latest rows of a long list, and how to reach the ones before them."""
+
+    rows: list[Any]
+    total: int
+    earlier: int | None  # the key to ask for the rows before these, None if these are the first
+
+
+def steps_tail(run_id: int, *, upto: int | None = None, before: int | None = None,
+               limit: int = 50) -> Tail:
+    """The last ``limit`` steps of a run (up to step ``upto``, or before step ``before``), in
+    order. Steps are numbered 1, 2, 3… without gaps, so the last index is the total."""
+    qs = Step.objects.filter(run_id=run_id)
+    if upto is not None:
+        qs = qs.filter(index__lte=upto)
+    if before is not None:
+        qs = qs.filter(index__lt=before)
+    rows = list(qs.order_by("-index")[:limit])[::-1]
+    last = Step.objects.filter(run_id=run_id).order_by("-index").values_list(
+        "index", flat=True).first()
+    return Tail(rows, last or 0, rows[0].index if rows and rows[0].index > 1 else None)
+
+
+def events_tail(run: Run, *, limit: int = 50) -> Tail:
+    """The last ``limit`` events of a run, in order; the chain head gives the total."""
+    rows = list(Event.objects.filter(run_id=run.pk).order_by("-seq")[:limit])[::-1]
+    return Tail(rows, run.event_seq, rows[0].seq if rows and rows[0].seq > 1 else None)
+
+
+def run_for_page(pk: int) -> Run | None:
+    """One run, with whether its lease holds by the database's clock (the rule claims use)."""
+    return Run.objects.annotate(lease_gone=lease_expired(SYSTEM_CLOCK)).filter(pk=pk).first()
+
+
+def run_lease_live(run: Run) -> bool:
+    """Whether someone holds the run's lease right now (a run from ``run_for_page``)."""
+    return bool(run.lease_owner) and not run.lease_gone
+
+
+def run_is_live(run: Run) -> bool:
+    """Whether the run can still change (so a page showing it should keep looking)."""
+    return run.status not in TERMINAL_RUN_STATUSES
+
+
+def run_version(run: Run) -> str:
+    """Changes whenever the run does: every change appends to its audit chain."""
+    return str(run.event_seq)
+
+
+def run_approvals(run_id: int, limit: int = 50) -> list[Approval]:
+    """A run's latest ``limit`` approvals, oldest first, with the step index each is about."""
+    qs = (Approval.objects.filter(run_id=run_id).select_related("step")
+          .only("id", "kind", "status", "tool", "decided_by", "created_at", "consumed_at",
+                "run_id", "step__index").order_by("-created_at", "-pk"))
+    return list(qs[:limit])[::-1]
