@@ -68,9 +68,9 @@
     document.querySelectorAll("details.decision[open]").forEach(function (d) {
       d.open = false;
       closed = true;
-      var summary = d.querySelector("summary");
-      if (summary) { summary.focus(); }
     });
+    // Out of the closed form's field, so the page's keys (a, s, r) work again.
+    if (closed && document.activeElement) { document.activeElement.blur(); }
     return closed;
   }
 

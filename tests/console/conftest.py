@@ -150,3 +150,7 @@ def sql_log() -> Iterator[list[str]]:
         connection_created.disconnect(install)
         if connection.connection is not None:
             connection.connection.set_trace_callback(None)
+
+
+# The browser fixtures live in their own module; imported here, every test module sees them.
+from tests.console.browser import browser, log_in, people, server, static_root  # noqa: E402, F401

@@ -7,150 +7,28 @@ runtime's tables."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from django.test import Client
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import expect
 
 from runtime.agents import registry
 from runtime.api import start
-from runtime.models import Approval, Run, Step
+from runtime.models import Approval, Step
 from tests.console.agents import AGENTS, RECIPIENT
-from tests.console.conftest import PASSWORD
+from tests.console.browser import AGENTS_ENV, shot, wait_for_run
 from tests.kit import Ledger
-from tests.procs import ROOT, WorkerProcess, wait_until
+from tests.procs import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
-SCREENSHOTS = ROOT / "test-output" / "screenshots"
-AGENTS_ENV = {"RUNTIME_AGENTS": "tests.console.agents.AGENTS"}
 CRASH_AFTER_TOOL_STARTED = json.dumps([{"point": "after_tool_started"}])
 DECIDE = "runtime.decide_approval"
-
-
-@pytest.fixture(scope="module")
-def static_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``collectstatic`` once, as a deployment does: gunicorn serves the manifest files."""
-    var = tmp_path_factory.mktemp("var")
-    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
-                   cwd=ROOT, env={**os.environ, "RUNTIME_VAR_DIR": str(var)}, check=True,
-                   timeout=120)
-    return var
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), "chromium is missing: apt-get install -y chromium"
-    # Playwright's sync API runs an event loop on this thread; the test's own ORM reads are
-    # plain synchronous calls between browser actions, so Django's guard is lifted here.
-    with pytest.MonkeyPatch.context() as mp, sync_playwright() as playwright:
-        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """gunicorn serving console.wsgi on loopback against the test's database file."""
-
-    def __init__(self, db: Path, test_dir: Path, static_var: Path) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
-        env.update(DATABASE_URL=f"sqlite:///{db}", RUNTIME_VAR_DIR=str(static_var),
-                   RUNTIME_TEST_DIR=str(test_dir), PYTHONUNBUFFERED="1", **AGENTS_ENV)
-        self.log_path = test_dir / "gunicorn.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "console.wsgi", "-b", self.url[7:],
-             "--workers", "2", "--threads", "4", "--graceful-timeout", "2"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
-        self._ready = False
-
-    def ready(self) -> str:
-        if not self._ready:
-            wait_until(self._healthy, timeout=30, what="gunicorn to answer /healthz")
-            self._ready = True
-        return self.url
-
-    def _healthy(self) -> bool:
-        assert self.proc.poll() is None, self.log_path.read_text()
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def stop(self) -> None:
-        """End gunicorn's process group (master and its workers), by the master's pid."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
-
-
-@pytest.fixture
-def server(rdb: Path, tmp_path: Path, static_root: Path) -> Iterator[Server]:
-    """Started at once, waited for on first use, so it boots while the workers crash."""
-    srv = Server(rdb, tmp_path, static_root)
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def people(make_user) -> Callable[..., str]:
-    def make(username: str, *perms: str) -> str:
-        make_user(username, *perms, password=PASSWORD)
-        return username
-
-    return make
-
-
-@pytest.fixture
-def log_in(browser: Browser, server: Server) -> Iterator[Callable[[str], Page]]:
-    """A fresh browser context per person, logged in through the login form."""
-    contexts: list[BrowserContext] = []
-
-    def open_as(username: str) -> Page:
-        context = browser.new_context(base_url=server.ready(), viewport={"width": 1280,
-                                                                          "height": 900})
-        context.set_default_timeout(15_000)
-        contexts.append(context)
-        page = context.new_page()
-        page.goto("/")
-        expect(page).to_have_url(f"{server.url}/login/?next=/")
-        page.fill("#id_username", username)
-        page.fill("#id_password", PASSWORD)
-        page.click("button[type=submit]")
-        expect(page.locator("header .who")).to_contain_text(username)
-        return page
-
-    yield open_as
-    for context in contexts:
-        context.close()
 
 
 @dataclass
@@ -185,16 +63,6 @@ def crashed(rdb: Path, tmp_path: Path, spawn) -> Iterator[Callable[[], Interrupt
         yield make
 
 
-def wait_for_run(run_id: int, status: str) -> Run:
-    return wait_until(lambda: Run.objects.filter(pk=run_id, status=status).first(),
-                      timeout=30, what=f"run {run_id} to be {status}")
-
-
-def shot(page: Page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
-
-
 # -- scenarios -----------------------------------------------------------------------------------
 
 
@@ -204,7 +72,7 @@ def test_approve_from_the_keyboard_runs_the_tool_exactly_once_more(crashed, peop
     page = log_in("olga")
     row = page.locator(f'tr[data-id="{it.approval_id}"]')
     expect(row).to_contain_text("payout")
-    expect(row).to_contain_text("interrupted_side_effect")
+    expect(row).to_contain_text("interrupted call")
     expect(page.get_by_test_id("pending-count")).to_have_text("1")
     shot(page, "queue.png")
 
@@ -271,7 +139,7 @@ def test_resolve_validates_the_json_then_records_it_and_continues(crashed, peopl
     page.fill("#id_resolve-result", '{"paid": 500, "found": "bank statement"}')
     page.check("#id_resolve-confirm")
     page.locator("#decide-resolve button[type=submit]").click()
-    expect(page.get_by_test_id("outcome")).to_contain_text("Resolved")
+    expect(page.get_by_test_id("outcome")).to_contain_text("Recorded as happened")
     wait_for_run(it.run_id, "succeeded")
     step = Step.objects.get(run_id=it.run_id, index=1)
     assert step.result == {"paid": 500, "found": "bank statement"}
