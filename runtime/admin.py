@@ -2,19 +2,27 @@
 
 State changes go through the runtime's functions, which write the state and its audit event in
 one transaction; an admin form editing a row would bypass both. The audit log may hold millions
-of events, so its lists never COUNT the whole table and filter choices never scan it.
+of events, so no list COUNTs or sorts the whole table, and no filter choice scans it: counts stop
+at a cap (and say "more than"), columns sort only where an index gives the order, and the
+actor filter lists people and live workers, not every actor ever seen.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, ChangeList
+from django.contrib.auth import get_user_model
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db import models
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
@@ -25,13 +33,26 @@ from .models import Approval, Event, Run, Step, Worker
 COUNT_CAP = 10_000
 
 
+def _page_number(request: HttpRequest) -> int:
+    try:
+        return max(1, int(request.GET.get(PAGE_VAR, 1)))
+    except ValueError:
+        return 1
+
+
 class BoundedCountPaginator(Paginator):
     """A paginator whose ``count`` never scans a large table.
 
     Unfiltered, it is the highest primary key: one index lookup, and exact for tables the
-    runtime only appends to. Filtered, it counts at most ``COUNT_CAP`` rows
-    (``COUNT(*)`` over a ``LIMIT`` subquery), so deep filtered pages stop at the cap.
+    runtime only appends to. Filtered, it counts at most ``COUNT_CAP`` rows, or enough rows to
+    reach a few pages past ``wanted_page`` when that is further (``COUNT(*)`` over a ``LIMIT``
+    subquery): a deep page stays valid, and its count costs what its own OFFSET costs.
+    ``capped`` says the rows go on past ``count``.
     """
+
+    lookahead = 3  # pages past the wanted one that the page links offer
+    wanted_page = 1
+    capped = False
 
     @cached_property
     def count(self) -> int:
@@ -41,15 +62,105 @@ class BoundedCountPaginator(Paginator):
         if not qs.query.where:
             top = qs.model._default_manager.order_by("-pk").values_list("pk", flat=True).first()
             return int(top or 0)
-        return qs.order_by()[:COUNT_CAP].count()
+        cap = max(COUNT_CAP, (self.wanted_page + self.lookahead) * self.per_page)
+        found = qs.order_by()[: cap + 1].count()
+        self.capped = found > cap
+        return min(found, cap)
+
+
+class BoundedChangeList(ChangeList):
+    """Sorts only by the columns ``sortable_by`` allows (Django would sort by any ``?o=``),
+    never sends a deep page to Django's "?e=1" redirect (which drops the filters), and words
+    a capped count as "more than N"."""
+
+    def get_ordering(self, request: HttpRequest, queryset: QuerySet) -> list[Any]:
+        wanted = self.params.get(ORDER_VAR)
+        if wanted and self.sortable_by is not None:
+            kept = [p for p in wanted.split(".") if self._sortable(p)]
+            if kept:
+                self.params[ORDER_VAR] = ".".join(kept)
+            else:
+                del self.params[ORDER_VAR]
+        ordering = super().get_ordering(request, queryset)
+        # Django breaks ties by the primary key descending (or by the admin's default order)
+        # whatever the sort's direction; in the sort's own direction one index scan serves
+        # both (``at ASC, id ASC`` reads event_at forwards, ``at ASC, id DESC`` sorts it all).
+        if ordering and isinstance(ordering[0], str):
+            sign = "-" if ordering[0].startswith("-") else ""
+            keys = {"pk", self.lookup_opts.pk.attname}
+            ordering = [sign + p.lstrip("-") if isinstance(p, str) and p.lstrip("-") in keys
+                        else p for p in ordering]
+        return ordering
+
+    def _sortable(self, param: str) -> bool:
+        index = param.rpartition("-")[2]
+        if not index.isdigit() or int(index) >= len(self.list_display):
+            return False
+        return self.list_display[int(index)] in self.sortable_by
+
+    def get_results(self, request: HttpRequest) -> None:
+        """Django's, except that a page past the end shows the last page (keeping the filters)
+        and "show all" is never offered for a count that was capped."""
+        paginator = self.model_admin.get_paginator(request, self.queryset, self.list_per_page)
+        count = paginator.count
+        capped = getattr(paginator, "capped", False)
+        self.page_num = min(max(self.page_num, 1), max(paginator.num_pages, 1))
+        full = self.root_queryset.count() if self.model_admin.show_full_result_count else None
+        self.result_count, self.result_count_capped = count, capped
+        self.show_full_result_count = self.model_admin.show_full_result_count
+        self.show_admin_actions = not self.show_full_result_count or bool(full)
+        self.full_result_count = full
+        self.can_show_all = count <= self.list_max_show_all and not capped
+        self.multi_page = capped or count > self.list_per_page
+        if (self.show_all and self.can_show_all) or not self.multi_page:
+            self.result_list = self.queryset._clone()
+        else:
+            self.result_list = paginator.page(self.page_num).object_list
+        self.paginator = paginator
+        more = self.page_num < paginator.num_pages
+        self.next_page_query = self.get_query_string({PAGE_VAR: self.page_num + 1}) if more \
+            else ""
+
+    @property
+    def count_text(self) -> str:
+        """The count in words: ``1 event``, ``114,501 events``, or ``more than 10,000 events``
+        when it hit its cap (never the cap itself, as if it were the total)."""
+        n = self.result_count
+        name = self.opts.verbose_name if n == 1 else self.opts.verbose_name_plural
+        return f"more than {n:,} {name}" if self.result_count_capped else f"{n:,} {name}"
+
+
+def timestamp(value: datetime | None) -> str:
+    """To the millisecond, with the zone: audit events a few ms apart must read apart."""
+    if value is None:
+        return "-"
+    local = timezone.localtime(value)
+    text = f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname()}"
+    return format_html('<time datetime="{}">{}</time>', value.isoformat(), text)
+
+
+def _timestamp_display(field: models.DateTimeField) -> Callable[[Any], str]:
+    @admin.display(description=field.verbose_name, ordering=field.name)
+    def show(obj: Any) -> str:
+        return timestamp(getattr(obj, field.name))
+
+    return show
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """View only: no add, change or delete, whoever asks."""
+    """View only: no add, change or delete, whoever asks. Every datetime column has a
+    ``<name>_ms`` twin (to the millisecond, with the zone) for lists and change pages."""
 
     paginator = BoundedCountPaginator
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # "Show counts" would COUNT every filter choice
     list_per_page = 50
+
+    def __init__(self, model: type[models.Model], admin_site: admin.AdminSite) -> None:
+        for field in model._meta.concrete_fields:
+            if isinstance(field, models.DateTimeField):
+                setattr(self, f"{field.name}_ms", _timestamp_display(field))
+        super().__init__(model, admin_site)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -59,6 +170,26 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if self.fields:
+            return list(self.fields)
+        return [f"{f.name}_ms" if isinstance(f, models.DateTimeField) else f.name
+                for f in self.model._meta.concrete_fields if f.editable and not f.auto_created]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return self.get_fields(request, obj)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return BoundedChangeList
+
+    def get_paginator(self, request: HttpRequest, queryset: QuerySet, per_page: int,
+                      orphans: int = 0, allow_empty_first_page: bool = True) -> Paginator:
+        paginator = super().get_paginator(request, queryset, per_page, orphans,
+                                          allow_empty_first_page)
+        if isinstance(paginator, BoundedCountPaginator):
+            paginator.wanted_page = _page_number(request)
+        return paginator
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -75,12 +206,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 def _pretty(value: Any) -> str:
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
+    return format_html('<pre class="payload-pretty">{}</pre>', text)
 
 
-def _short(value: Any, limit: int = 100) -> str:
+def _short(value: Any, limit: int = 160) -> str:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return format_html('<code class="payload-short">{}</code>', text)
 
 
 class EventKindFilter(admin.SimpleListFilter):
@@ -96,17 +228,34 @@ class EventKindFilter(admin.SimpleListFilter):
         return queryset.filter(kind=self.value()) if self.value() else queryset
 
 
+def live_workers(now: datetime | None = None) -> list[str]:
+    """Owners whose heartbeat is younger than their lease (the Workers page's rule). The table
+    holds one row per process still registered, so reading it whole is cheap."""
+    now = now or timezone.now()
+    rows = Worker.objects.values_list("owner", "heartbeat_at", "lease_seconds")
+    return sorted(o for o, beat, lease in rows if now - beat < timedelta(seconds=lease))
+
+
 class EventActorFilter(admin.SimpleListFilter):
-    """Actors seen in the latest events (a bounded read), plus the one filtered on."""
+    """People who acted (one index probe of (actor, at) per user), "system" if it acted, the
+    live workers, and the value filtered on. A dead worker's id is not listed, or the list
+    would grow with every restart: search for it, or open ``?actor=<owner id>``."""
 
     title = "actor"
     parameter_name = "actor"
-    recent = 500
+    people = 200
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        latest = Event.objects.order_by("-pk").values_list("actor", flat=True)[: self.recent]
-        actors = set(latest) | ({self.value()} if self.value() else set())
-        return [(a, a) for a in sorted(actors)]
+        acted = Exists(Event.objects.filter(actor=OuterRef("username")))
+        users = get_user_model()._default_manager.filter(acted).order_by("username")
+        choices = {name: name for name in users.values_list("username", flat=True)[: self.people]}
+        if Event.objects.filter(actor="system").exists():
+            choices["system"] = "system"
+        for owner in live_workers():
+            choices.setdefault(owner, f"{owner} (live worker)")
+        if self.value():
+            choices.setdefault(self.value(), self.value())
+        return sorted(choices.items())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         return queryset.filter(actor=self.value()) if self.value() else queryset
@@ -127,24 +276,49 @@ class AgentFilter(admin.SimpleListFilter):
         return queryset.filter(**{field: self.value()}) if self.value() else queryset
 
 
+RUN_PARAMS = ("run__id__exact", "run__id", "run__exact", "run", "run_id__exact", "run_id")
+
+
+def one_run(request: HttpRequest) -> bool:
+    """Whether the list is of one run's events (filtered, or searched by run id), which the
+    unique (run, seq) index reads in sequence order."""
+    if any(request.GET.get(p, "").isdigit() for p in RUN_PARAMS):
+        return True
+    return request.GET.get("q", "").strip().removeprefix("#").isdigit()
+
+
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
-    """The audit log: newest first; for one run (``?run__id__exact=N``), in sequence order."""
+    """The audit log: newest first; for one run (``?run__id__exact=N``), in sequence order.
+    Sortable by time (the (at) index, or (kind, at) and (actor, at) when filtered), or for one
+    run by sequence (the (run, seq) index); any other sort would read and sort every row."""
 
-    list_display = ("at", "run_link", "seq", "kind", "step_index", "actor", "payload_short")
+    list_display = ("at_ms", "run_link", "seq", "kind", "step_index", "actor", "payload_short")
     list_display_links = ("seq",)
     list_filter = (EventKindFilter, EventActorFilter, ("at", admin.DateFieldListFilter))
     search_fields = ("=run__id",)
-    search_help_text = "Run id"
-    fields = ("run_link", "seq", "step_index", "kind", "actor", "at", "payload_pretty", "hash")
-    readonly_fields = fields
+    search_help_text = "A run id (12 or #12), or an actor exactly (a username or a worker id)"
+    fields = ("run_link", "seq", "step_index", "kind", "actor", "at_ms", "payload_pretty",
+              "hash")
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
-        if request.GET.get("run__id__exact") or request.GET.get("run__id"):
-            return ("seq",)
-        return ("-at", "-id")
+        return ("seq",) if one_run(request) else ("-at", "-id")
 
-    @admin.display(description="run", ordering="run_id")
+    def get_sortable_by(self, request: HttpRequest) -> tuple[str, ...]:
+        """One run's events sort by seq (its index); time order would sort them all."""
+        return ("seq",) if one_run(request) else ("at_ms",)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        """A run id, or else an exact actor (read through the (actor, at) index): how a dead
+        worker's events are found now that the actor filter no longer lists it."""
+        term = search_term.strip()
+        if term and not term.removeprefix("#").isdigit():
+            return queryset.filter(actor=term), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="run")
     def run_link(self, obj: Event) -> str:
         return format_html('<a href="{}">#{}</a> (<a href="?run__id__exact={}">events</a>)',
                            reverse("admin:runtime_run_change", args=[obj.run_id]), obj.run_id,
@@ -161,36 +335,44 @@ class EventAdmin(ReadOnlyAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ("id", "agent", "status", "failure_code", "lease_owner", "lease_expires_at",
-                    "llm_requests", "cost", "created_by", "created_at")
+    """Sortable by id only: the (status, id) and (agent, id) indexes serve it filtered too."""
+
+    list_display = ("id", "agent", "status", "failure_code", "lease_owner", "lease_expires_at_ms",
+                    "llm_requests", "cost", "created_by", "created_at_ms")
     list_filter = ("status", AgentFilter, "failure_code")
     search_fields = ("=id",)
     search_help_text = "Run id"
     ordering = ("-id",)
+    sortable_by = ("id",)
 
 
 @admin.register(Step)
 class StepAdmin(ReadOnlyAdmin):
-    list_display = ("id", "run_id", "index", "status", "tool", "effect", "attempt", "started_at")
+    list_display = ("id", "run_id", "index", "status", "tool", "effect", "attempt",
+                    "started_at_ms")
     list_filter = ("status", "effect")
     search_fields = ("=run__id",)
     search_help_text = "Run id"
     ordering = ("-id",)
+    sortable_by = ("id",)
 
 
 @admin.register(Approval)
 class ApprovalAdmin(ReadOnlyAdmin):
-    list_display = ("id", "run_id", "kind", "status", "tool", "effect", "created_at",
-                    "decided_by", "decided_at")
+    list_display = ("id", "run_id", "kind", "status", "tool", "effect", "created_at_ms",
+                    "decided_by", "decided_at_ms")
     list_filter = ("status", "kind", AgentFilter)
     search_fields = ("=run__id",)
     search_help_text = "Run id"
     ordering = ("-id",)
+    sortable_by = ("id",)
 
 
 @admin.register(Worker)
 class WorkerAdmin(ReadOnlyAdmin):
-    paginator = Paginator  # one row per process: small, and rows are deleted on clean exit
-    list_display = ("owner", "host", "pid", "concurrency", "lease_seconds", "started_at",
-                    "heartbeat_at", "runs_held")
+    """One row per registered process: a small table, counted and sorted as Django likes."""
+
+    paginator = Paginator  # rows are deleted on clean exit
+    list_display = ("owner", "host", "pid", "concurrency", "lease_seconds", "started_at_ms",
+                    "heartbeat_at_ms", "runs_held")
     ordering = ("host", "started_at")

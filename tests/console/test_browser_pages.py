@@ -16,7 +16,7 @@ from runtime.api import start
 from runtime.crashpoints import CrashPoint
 from runtime.models import Approval, Run, Step, Worker
 from tests.console.browser import PHONE, shot
-from tests.console.conftest import crash_then_take_over, pay_agent
+from tests.console.conftest import PASSWORD, crash_then_take_over, pay_agent
 from tests.console.test_live import long_run
 from tests.kit import Ledger
 
@@ -172,3 +172,23 @@ def test_a_long_run_page_in_the_browser(rdb, people, log_in):
     shot(page, "run-long.png")
     assert Step.objects.filter(run_id=run.pk).count() == 5000
     assert Run.objects.get(pk=run.pk).status == "succeeded"
+
+
+def test_the_admin_audit_log_is_readable_at_1280(interrupted, make_user, log_in):
+    for _ in range(3):
+        interrupted()
+    make_user("ada", superuser=True, password=PASSWORD)
+    page = log_in("ada")
+    page.goto("/admin/runtime/event/")
+    payloads = page.locator("#result_list td.field-payload_short")
+    expect(payloads.first).to_be_visible()
+    sidebar = page.locator("#changelist-filter").bounding_box()
+    rights = [box["x"] + box["width"] for box in
+              (payloads.nth(i).bounding_box() for i in range(payloads.count()))]
+    assert max(rights) <= sidebar["x"], (max(rights), sidebar)  # not behind the filters
+    assert page.evaluate("() => { const r = document.querySelector('#changelist-form .results');"
+                         " return r.scrollWidth <= r.clientWidth; }")
+    expect(page.locator("#result_list td.field-at_ms time").first).to_have_text(
+        re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC$"))
+    expect(page.get_by_test_id("pending-count")).to_have_text("3")  # the console's nav
+    shot(page, "admin-events.png")
