@@ -151,6 +151,12 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # default; point it at your payment provider's dashboard, your mail logs, ...
 CONSOLE_CHECK_URL = os.environ.get("CONSOLE_CHECK_URL", "/demo/world/?key={key}")
 
+# How long a dead worker stays on the Workers page's first tab, next to the live ones, counted
+# from its last heartbeat (default one hour); older dead ones are on the second tab
+# (/workers/?show=old). Every killed or restarted worker process leaves a row behind.
+CONSOLE_RECENT_DEAD_WORKERS_SECONDS = float(
+    os.environ.get("CONSOLE_RECENT_DEAD_WORKERS_SECONDS", "3600"))
+
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"

@@ -57,8 +57,8 @@ def refund_policy(request: Request, run: Any) -> Allow | RequireApproval:
     amount = request.arguments.get("amount_cents", 0)
     if request.tool == "issue_refund" and amount > REFUND_APPROVAL_CENTS:
         return RequireApproval(
-            f"Refund {amount / 100:.2f} on order {request.arguments.get('order_id')}?",
-            f"Refunds above {REFUND_APPROVAL_CENTS / 100:.2f} need a person's approval.")
+            f"Refund {world.money(amount)} on order {request.arguments.get('order_id')}?",
+            f"Refunds above {world.money(REFUND_APPROVAL_CENTS)} need a person's approval.")
     return Allow()
 
 
@@ -75,7 +75,7 @@ def scripted_refund_desk(transcript: Transcript) -> ToolCall | FinalAnswer:
         return ToolCall("issue_refund", {"order_id": order_id,
                                          "amount_cents": order["amount_cents"]})
     if len(done) == 2:
-        amount = f"{order['amount_cents'] / 100:.2f}"
+        amount = world.money(order["amount_cents"])
         return ToolCall("send_email", {
             "to": order["email"], "subject": f"Your refund for order {order_id}",
             "body": f"Dear {order['customer']}, we refunded {amount} for your {order['item']}."})

@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,17 @@ CUSTOMERS = [("Ada Lovelace", "ada@example.com"), ("Grace Hopper", "grace@exampl
              ("Alan Turing", "alan@example.com"), ("Edsger Dijkstra", "edsger@example.com"),
              ("Barbara Liskov", "barbara@example.com"), ("Donald Knuth", "don@example.com")]
 ITEMS = ["kettle", "desk lamp", "headphones", "bicycle helmet", "standing desk", "espresso grinder"]
+# The shop's currency: every amount in both files (and in the tools' ``amount_cents``) is a
+# whole number of its cents.
+CURRENCY = "EUR"
+
+
+def money(cents: int | None) -> str:
+    """An amount as people read it, with its unit ("249.00 EUR"): a bare 24900 reads as a
+    refund a hundred times too large."""
+    if cents is None:
+        return "—"
+    return f"{Decimal(cents) / 100:.2f} {CURRENCY}"
 
 
 def world_dir() -> Path:

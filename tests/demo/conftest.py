@@ -6,7 +6,9 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from tests.console.test_browser import browser, static_root  # noqa: F401 - shared fixtures
+# The console's browser fixtures, as its conftest gathers them (importing tests.console.browser
+# first would import it twice over: it and that conftest import each other).
+from tests.console.conftest import browser, log_in, server, static_root  # noqa: F401
 
 
 @pytest.fixture

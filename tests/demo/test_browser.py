@@ -4,11 +4,19 @@ screenshots are the README's."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
-from tests.console.test_browser import Server, shot
+from console.wording import kind_word
+from demo import world
+from runtime.testkit import CrashPoint
+from tests.console.browser import Server, shot
+from tests.console.conftest import PASSWORD
 from tests.demo.test_demo import demo
+from tests.demo.test_views import interrupted_refund
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +37,12 @@ def test_the_demo_queue_an_interrupted_refund_and_its_outside_world(tmp_path, de
         page.fill("#id_password", "correct horse battery")
         page.click("button[type=submit]")
         rows = page.locator("tr[data-queue-row]")
-        expect(rows.filter(has_text="interrupted_side_effect").first).to_be_visible()
-        expect(rows.filter(has_text="policy").first).to_be_visible()
+        interrupted = rows.filter(has_text=kind_word("interrupted_side_effect"))
+        expect(interrupted.first).to_be_visible()
+        expect(rows.filter(has_text=kind_word("policy")).first).to_be_visible()
         shot(page, "demo-queue.png")
 
-        rows.filter(has_text="interrupted_side_effect").filter(
-            has_text="issue_refund").first.locator("a.open").click()
+        interrupted.filter(has_text="issue_refund").first.locator("a.open").click()
         expect(page.get_by_text("Outcome unknown.")).to_be_visible()
         expect(page.locator("[data-testid=idempotency-key]")).to_contain_text("-step2-")
         shot(page, "demo-approval.png")
@@ -47,3 +55,32 @@ def test_the_demo_queue_an_interrupted_refund_and_its_outside_world(tmp_path, de
         if context is not None:
             context.close()
         server.stop()
+
+
+@pytest.fixture
+def demo_world(rdb, monkeypatch, tmp_path):
+    """The outside world in this test's directory; asked for before ``server``, so the server
+    process reads the same files."""
+    monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "world"))
+    world.setup()
+    return tmp_path
+
+
+def test_the_outside_world_on_a_phone_links_back_to_the_approval(demo_world, log_in):
+    """390 px wide, a long recipient and idempotency keys: no sideways scrolling, amounts with
+    their currency, and the refund's row leads back to the approval that asked about it."""
+    approval = interrupted_refund(demo_world, CrashPoint.AFTER_TOOL_EFFECT)
+    world.send_mail("barbara.liskov.refunds-department@example.com",
+                    "Your refund for order 1001", "body", key=approval.step.idempotency_key)
+    User.objects.create_user("olga", password=PASSWORD)
+    page = log_in("olga")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto("/demo/world/")
+    refund = page.get_by_test_id("refund-row").filter(has_text=approval.step.idempotency_key)
+    expect(refund.get_by_test_id("amount")).to_have_text(
+        re.compile(r"^\d+\.\d\d EUR$"))
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"/demo/world/ is {width}px wide at 390"
+    shot(page, "demo-world-390.png")
+    refund.get_by_test_id("approval-link").click()
+    expect(page).to_have_url(re.compile(rf"/approvals/{approval.pk}/$"))
