@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Any
 
 RSS_TOLERANCE = 0.05  # resident memory may wobble (allocator arenas) by this fraction
@@ -156,4 +157,65 @@ def render(r: dict[str, Any]) -> str:
     for t in r["targets"]:
         out.append(f"   [{'met' if t['met'] else 'NOT MET':>7}] {t['target']}: {t['figure']}")
     out.append(f"\nTotal {r['seconds']:.0f} s.")
+    return "\n".join(out)
+
+
+def render_console(r: dict[str, Any]) -> str:
+    """The ``--console`` section's table, as printed."""
+    m, b, db, s = r["machine"], r["built"], r["counted"], r["sizes"]
+    statuses = ", ".join(f"{k} {v:,}" for k, v in sorted(b["runs_by_status"].items(),
+                                                         key=lambda kv: -kv[1]))
+    kinds = Counter()
+    for key, n in b["approvals_by_kind_status"].items():
+        if key.endswith(" pending"):
+            kinds[key.split()[0]] += n
+    pending = ", ".join(f"{k} {v:,}" for k, v in kinds.most_common())
+    server = m.get("server", 0)
+    engine = (f"PostgreSQL {server // 10_000}.{server % 10_000}" if r["engine"] == "postgresql"
+              else f"SQLite {m['sqlite']}")
+    out = [f"agent-runtime bench --console{' (--quick)' if r['quick'] else ''}: {engine}, "
+           f"Python {m['python']}, {m['cpus']} CPUs (load average "
+           f"{m['load_before']:.1f} before, {m['load_after']:.1f} after), database "
+           f"{m['database']}", "",
+           f"Data set, built in {r['build_seconds']:.0f} s ({r['database_mib']:,.0f} MiB):",
+           f"   {b['runs']:,} runs ({statuses})",
+           f"   {b['pending']:,} pending approvals ({pending}) of {b['approvals']:,}",
+           f"   {b['events']:,} events ({len(b['event_kinds'])} kinds, payloads of "
+           f"{b['payload_bytes_avg']:.0f} bytes on average; actors: {b['people']} people, "
+           f"{b['worker_owners']} worker owners, {b['dead_owners']} of them long dead)",
+           f"   {b['steps']:,} steps; {b['workers']} workers ({b['workers_live']} live, "
+           f"{b['workers_dead']} dead)",
+           f"   the long run #{b['long_run']}: {b['long_run_steps']:,} steps, "
+           f"{b['long_run_events']:,} events"]
+    asked = {"runs": s["runs"], "pending": s["pending"], "events": s["events"],
+             "long_run_steps": s["long_run_steps"]}
+    wrong = [f"{k}: asked {v:,}, the database holds {db[k]:,}" for k, v in asked.items()
+             if db[k] != v]
+    out.append("   counted in the database afterwards: " + (
+        "; ".join(wrong) if wrong else "runs, pending approvals, events and the long run's "
+        "steps are what was asked"))
+    out += ["", f"Pages: {s['reps']} requests each, in process through Django's test client as "
+            "a superuser, each on a fresh database", "connection; p50 and p95 of the server "
+            "time (cpu: the request's own CPU time, p50); queries, their time (sql ms) and",
+            f"the size from one more request. Target: p95 < {r['target_ms']:.0f} ms.", "",
+            f"   {'page':<56}{'answer':>7}{'p50 ms':>9}{'p95 ms':>9}{'cpu ms':>8}"
+            f"{'queries':>9}{'sql ms':>8}{'KB':>8}"]
+    group = None
+    for p in r["pages"]:
+        if p["group"] != group:
+            group = p["group"]
+            out.append(f"   {group}")
+        flag = "  > target" if p["over_target"] else ""
+        answer = p["answer"] if p["status"] == 200 else f"{p['status']}!"
+        out.append(f"     {p['page'][:54]:<54}{answer:>7}{p['p50_ms']:9.1f}{p['p95_ms']:9.1f}"
+                   f"{p['cpu_p50_ms']:8.1f}{p['queries']:9}{p['sql_ms']:8.1f}"
+                   f"{p['bytes'] / 1024:8.1f}{flag}")
+    odd = [p for p in r["pages"] if p["status"] != 200]
+    for p in odd:
+        out.append(f"   ! {p['page']}: {p['answer']} ({p['path']})")
+    out += ["", "Targets"]
+    for t in r["targets"]:
+        out.append(f"   [{'met' if t['met'] else 'NOT MET':>7}] {t['target']}: {t['figure']}")
+    out.append(f"\nTotal {r['seconds']:.0f} s (build {r['build_seconds']:.0f} s, pages "
+               f"{r['pages_seconds']:.0f} s).")
     return "\n".join(out)

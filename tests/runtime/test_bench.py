@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 
 import pytest
 
 from runtime.agents import registry
+from runtime.benchkit import console
 from runtime.benchkit.agents import AGENTS
 from runtime.benchkit.steps import create_runs
 from runtime.driver import Driver
@@ -93,3 +96,79 @@ def test_bench_on_postgres_measures_round_trips_against_sqlite_in_the_same_run(t
         "SELECT datname FROM pg_database WHERE datname LIKE 'runtime_bench_%'").fetchall()}
     assert not names  # its database was dropped
     assert not list((tmp_path / "var").glob("bench-*"))
+
+
+CONSOLE_PAGES = {"/", "/pending-count/", "/runs/", "/runs/?status=failed", "/workers/",
+                 "/admin/runtime/event/", "/admin/runtime/run/",
+                 "/admin/runtime/approval/?status=pending", "/admin/runtime/step/"}
+
+
+@pytest.mark.slow
+def test_bench_console_quick_times_every_page_on_the_data_set_asked_for(tmp_path):
+    """``bench --console --quick`` builds the data set at the sizes asked (counted in the
+    database it leaves with ``--keep``, every run's audit chain valid) and times every page,
+    each answering 200."""
+    out, var = tmp_path / "console.json", tmp_path / "var"
+    env = {**os.environ, "RUNTIME_VAR_DIR": str(var)}
+    env.pop("DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "manage.py", "bench", "--console", "--quick",
+                           "--keep", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    q = console.QUICK
+    assert data["section"] == "console" and data["quick"] is True
+    assert data["sizes"] == {"runs": q.runs, "pending": q.pending, "events": q.events,
+                             "long_run_steps": q.long_steps, "reps": q.reps}
+    built = data["built"]
+    asked = {"runs": q.runs, "pending": q.pending, "events": q.events,
+             "long_run_steps": q.long_steps}
+    assert {k: built[k] for k in asked} == asked
+    assert {k: data["counted"][k] for k in asked} == asked
+
+    (db,) = var.glob("bench-*/bench.sqlite3")
+    with closing(sqlite3.connect(db)) as conn:
+        def one(sql: str, *args) -> int:
+            return conn.execute(sql, args).fetchone()[0]
+
+        assert one("SELECT COUNT(*) FROM runtime_run") == q.runs
+        assert one("SELECT COUNT(*) FROM runtime_event") == q.events
+        assert one("SELECT COUNT(*) FROM runtime_step") == built["steps"]
+        assert one("SELECT COUNT(*) FROM runtime_approval WHERE status = 'pending'") == q.pending
+        assert one("SELECT COUNT(*) FROM runtime_step WHERE run_id = ?",
+                   built["long_run"]) == q.long_steps
+        pending_kinds = {k for (k,) in conn.execute(
+            "SELECT DISTINCT kind FROM runtime_approval WHERE status = 'pending'")}
+        assert pending_kinds == {"policy", "interrupted_side_effect"}
+        assert one("SELECT COUNT(*) FROM runtime_approval WHERE status != 'pending'") > 0
+        assert one("SELECT COUNT(*) FROM runtime_approval WHERE run_id = ?",
+                   built["long_run"]) > 1
+        statuses = {s for (s,) in conn.execute("SELECT DISTINCT status FROM runtime_run")}
+        assert statuses == {"succeeded", "failed", "waiting", "queued", "running", "cancelled"}
+        assert one("SELECT COUNT(*) FROM runtime_run WHERE status = 'running' "
+                   "AND lease_owner = ''") == 0
+        assert one("SELECT COUNT(*) FROM runtime_worker") == built["workers"] >= 2
+        assert one("SELECT COUNT(DISTINCT actor) FROM runtime_event WHERE actor LIKE "
+                   "'worker@%'") >= 200  # ~200 dead workers' owners among them
+    # Bulk-built, yet every run's hash chain holds.
+    audit = subprocess.run([sys.executable, "manage.py", "verifyaudit"], cwd=ROOT,
+                           env={**env, "DATABASE_URL": f"sqlite:///{db}"},
+                           capture_output=True, text=True, timeout=240)
+    assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
+    assert f"ok: {q.runs} runs verified" in audit.stdout
+
+    pages = data["pages"]
+    assert {p["path"] for p in pages} >= CONSOLE_PAGES
+    assert {p["path"] for p in pages if p["htmx"]} >= {"/", "/pending-count/"}
+    assert any(p["path"] == f"/runs/{built['long_run']}/" for p in pages)
+    assert any(p["path"].startswith("/admin/runtime/event/?kind=") and "&p=" in p["path"]
+               for p in pages)
+    for p in pages:
+        assert p["status"] == 200, (p["page"], p["answer"])
+        assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["max_ms"], p
+        assert p["queries"] > 0 and p["bytes"] > 0 and p["reps"] == q.reps, p
+        assert p["over_target"] == (p["p95_ms"] > data["target_ms"])
+    assert data["target_ms"] == 150
+    assert all({"target", "met", "figure"} <= set(t) for t in data["targets"])
+    assert data["build_seconds"] > 0 and data["seconds"] > 0
+    assert "Targets" in proc.stdout and "p95 ms" in proc.stdout
