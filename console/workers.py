@@ -8,26 +8,17 @@ ten do.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import (
-    Count,
-    DateTimeField,
-    DurationField,
-    ExpressionWrapper,
-    F,
-    Q,
-    QuerySet,
-    Value,
-)
-from django.db.models.lookups import GreaterThan
+from django.db.models import Count, F, Q, QuerySet, Value
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from runtime.models import Run, RunStatus, Worker
+from runtime.selectors import worker_live
 
 from .render import page
 
@@ -42,19 +33,6 @@ def recent_window() -> timedelta:
     short enough that restarts do not bury the live ones."""
     return timedelta(seconds=float(getattr(settings, "CONSOLE_RECENT_DEAD_WORKERS_SECONDS",
                                            RECENT_DEAD_DEFAULT_SECONDS)))
-
-
-def live_expression(now: datetime) -> GreaterThan:
-    """A worker is live while its last heartbeat is younger than its own lease, as a query
-    expression, so the database (not Python over every row) tells live from dead.
-
-    The runtime has no such rule of its own yet; it belongs next to the Worker model (a
-    selector), and this is the only place the console states it."""
-    age = ExpressionWrapper(Value(now, output_field=DateTimeField()) - F("heartbeat_at"),
-                            output_field=DurationField())
-    lease = ExpressionWrapper(F("lease_seconds") * Value(timedelta(seconds=1)),
-                              output_field=DurationField())
-    return GreaterThan(lease, age)
 
 
 def _runs_held(owners: list[str]) -> dict[str, int]:
@@ -72,7 +50,7 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     window = recent_window()
     cutoff = now - window
-    workers: QuerySet[Worker] = Worker.objects.alias(live=live_expression(now))
+    workers: QuerySet[Worker] = Worker.objects.alias(live=worker_live(now))
     # Live past the cutoff needs a lease longer than the window: saying so first lets the
     # database skip the lease arithmetic (per-row functions on SQLite) for nearly every row.
     live_past_cutoff = Q(lease_seconds__gt=window.total_seconds()) & Q(live=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
@@ -29,6 +29,7 @@ from django.utils.html import format_html
 from .agents import registry
 from .audit import EVENT_KINDS
 from .models import Approval, Event, Run, Step, Worker
+from .selectors import live_workers
 
 COUNT_CAP = 10_000
 
@@ -228,14 +229,6 @@ class EventKindFilter(admin.SimpleListFilter):
         return queryset.filter(kind=self.value()) if self.value() else queryset
 
 
-def live_workers(now: datetime | None = None) -> list[str]:
-    """Owners whose heartbeat is younger than their lease (the Workers page's rule). The table
-    holds one row per process still registered, so reading it whole is cheap."""
-    now = now or timezone.now()
-    rows = Worker.objects.values_list("owner", "heartbeat_at", "lease_seconds")
-    return sorted(o for o, beat, lease in rows if now - beat < timedelta(seconds=lease))
-
-
 class EventActorFilter(admin.SimpleListFilter):
     """People who acted (one index probe of (actor, at) per user), "system" if it acted, the
     live workers, and the value filtered on. A dead worker's id is not listed, or the list
@@ -251,7 +244,7 @@ class EventActorFilter(admin.SimpleListFilter):
         choices = {name: name for name in users.values_list("username", flat=True)[: self.people]}
         if Event.objects.filter(actor="system").exists():
             choices["system"] = "system"
-        for owner in live_workers():
+        for owner in live_workers(timezone.now()):
             choices.setdefault(owner, f"{owner} (live worker)")
         if self.value():
             choices.setdefault(self.value(), self.value())

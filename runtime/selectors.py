@@ -9,7 +9,11 @@ or an audit log of a million events costs a page the same as a short one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.db.models.lookups import GreaterThan
 
 from .approvals import RESOLVABLE, four_eyes_blocks, pending
 from .clock import SYSTEM_CLOCK
@@ -22,6 +26,7 @@ from .models import (
     Event,
     Run,
     Step,
+    Worker,
 )
 from .store import lease_expired
 
@@ -136,3 +141,19 @@ def run_approvals(run_id: int, limit: int = 50) -> list[Approval]:
           .only("id", "kind", "status", "tool", "decided_by", "created_at", "consumed_at",
                 "run_id", "step__index").order_by("-created_at", "-pk"))
     return list(qs[:limit])[::-1]
+
+
+def worker_live(now: datetime) -> GreaterThan:
+    """A worker is live while its last heartbeat is younger than its own lease: as a query
+    expression, so the database tells live from dead without loading every row."""
+    age = ExpressionWrapper(Value(now, output_field=DateTimeField()) - F("heartbeat_at"),
+                            output_field=DurationField())
+    lease = ExpressionWrapper(F("lease_seconds") * Value(timedelta(seconds=1)),
+                              output_field=DurationField())
+    return GreaterThan(lease, age)
+
+
+def live_workers(now: datetime) -> list[str]:
+    """The owners of the live workers, sorted."""
+    return sorted(Worker.objects.alias(live=worker_live(now)).filter(live=True)
+                  .values_list("owner", flat=True))

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from console.workers import SHOWN, live_expression, recent_window
+from console.workers import SHOWN, recent_window
 from runtime.api import start
 from runtime.models import Run, Worker
 from tests.console.browser import shot
@@ -75,20 +75,6 @@ def test_live_is_judged_by_each_workers_own_lease(rdb, viewer):
     rows = {r["worker"].owner: r["live"] for r in viewer.get("/workers/").context["rows"]}
     assert rows == {"w-long-lease": True, "w-short-lease": False}
     assert owners(viewer.get("/workers/", {"show": "old"})) == []
-
-
-@pytest.mark.engines
-def test_the_live_rule_reads_the_same_on_both_engines(edb):
-    """The rule is SQL (duration arithmetic differs between SQLite and PostgreSQL): each
-    worker judged against its own lease, at one fixed moment."""
-    now = timezone.now()
-    cases = {"fresh": (3, 30, True), "lapsed": (45, 30, False), "a hair past": (30.5, 30, False),
-             "long lease": (5000, 7200, True), "short lease": (0.2, 0.7, True)}
-    for owner, (age, lease, _live) in cases.items():
-        Worker.objects.create(owner=owner, host="h", pid=1, lease_seconds=lease,
-                              started_at=now, heartbeat_at=now - timedelta(seconds=age))
-    live = set(Worker.objects.filter(live_expression(now)).values_list("owner", flat=True))
-    assert live == {owner for owner, (_a, _l, is_live) in cases.items() if is_live}
 
 
 def test_the_recent_window_is_a_setting(rdb, viewer):
