@@ -83,6 +83,7 @@ def no_sideways_scroll(page: Page, url: str) -> None:
     widths = page.evaluate("() => [document.documentElement.scrollWidth, "
                            "document.documentElement.clientWidth]")
     assert widths[0] <= widths[1], f"{url} scrolls sideways on a phone: {widths}"
+    assert page.evaluate("() => document.body.innerText").strip(), url  # and shows something
 
 
 def test_no_console_page_scrolls_sideways_on_a_phone_and_the_decision_is_in_view(
@@ -99,8 +100,11 @@ def test_no_console_page_scrolls_sideways_on_a_phone_and_the_decision_is_in_view
              f"/runs/{waiting.run.pk}/", f"/runs/{wide.run_id}/", "/no-such-page/",
              f"/approvals/{waiting.approval.pk}/", f"/approvals/{policy.approval.pk}/",
              f"/approvals/{wide.pk}/", "/demo/world/"]
-    for url in pages:
-        no_sideways_scroll(page, url)
+    for width in (360, PHONE["width"], 420):
+        page.set_viewport_size({"width": width, "height": PHONE["height"]})
+        for url in pages:
+            no_sideways_scroll(page, url)
+    page.set_viewport_size(PHONE)
     for approval, name in ((wide, "approval-phone.png"), (policy.approval, "policy-phone.png")):
         page.goto(f"/approvals/{approval.pk}/")
         summary = page.locator("details.decision summary").first

@@ -98,3 +98,10 @@ def test_the_login_page_renders_clean(rdb):
     response = Client().get("/login/")
     assert response.status_code == 200
     clean(response.content.decode(), "/login/")
+
+
+def test_every_page_has_an_icon(rdb, operator):
+    page = operator.get("/").content.decode()
+    assert '<link rel="icon" href="/static/console/favicon.svg"' in page
+    response = Client().get("/favicon.ico")  # asked for by pages without the link, logged out
+    assert response.status_code == 302 and response["Location"] == "/static/console/favicon.svg"
