@@ -12,7 +12,7 @@ from contextlib import closing
 import pytest
 
 from runtime.agents import registry
-from runtime.benchkit import console
+from runtime.benchkit import pages as page_bench
 from runtime.benchkit.agents import AGENTS
 from runtime.benchkit.steps import create_runs
 from runtime.driver import Driver
@@ -116,7 +116,7 @@ def test_bench_console_quick_times_every_page_on_the_data_set_asked_for(tmp_path
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    q = console.QUICK
+    q = page_bench.QUICK
     assert data["section"] == "console" and data["quick"] is True
     assert data["sizes"] == {"runs": q.runs, "pending": q.pending, "events": q.events,
                              "long_run_steps": q.long_steps, "reps": q.reps}

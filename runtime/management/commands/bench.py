@@ -7,7 +7,7 @@ there, against SQLite measured in the same run (``runtime.benchkit.postgres``).
 
 ``--console`` is a section of its own (the data set takes a while to build): the console's and
 the admin's pages on 100,000 runs, 10,000 pending approvals, 1,000,000 events and a 5,000-step
-run, each page's server time (p50, p95), queries and size (``runtime.benchkit.console``).
+run, each page's server time (p50, p95), queries and size (``runtime.benchkit.pages``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from django.db import connections
 
 from runtime.benchkit import postgres, procs, report, scale
 from runtime.benchkit.ceiling import ceiling
-from runtime.benchkit.console import FULL, QUICK, PostgresLoader, Sizes, SqliteLoader
-from runtime.benchkit.console import measure as measure_pages
 from runtime.benchkit.db import bench_database, point_default_at, use_database
 from runtime.benchkit.floor import cpu_scaling, floor
+from runtime.benchkit.pages import FULL, QUICK, PostgresLoader, Sizes, SqliteLoader
+from runtime.benchkit.pages import measure as measure_pages
 from runtime.benchkit.steps import durable_steps
 
 # (default, --quick) sizes: the default run stays under 3 minutes, --quick under 30 s.
