@@ -22,15 +22,17 @@ from runtime.models import Approval, ApprovalKind, ApprovalStatus
 
 from . import wording
 from .forms import DECISION_FORMS, DecisionForm
+from .permissions import DECIDE as DECIDE_PERMISSION
+from .permissions import viewing
 from .render import no_change, page, unchanged
 from .runs import agent_note, known_agents
 from .wording import kind_word
 
 QUEUE_LIMIT = 200
 TIMELINE_STEPS = 20  # the steps up to the approval's own shown on its page; the run has all
-DECIDE_PERMISSION = "runtime.decide_approval"
 
 
+@viewing
 @require_http_methods(["GET"])
 def queue(request: HttpRequest) -> HttpResponse:
     """Pending approvals, oldest first. Its poll sends the version it shows (``?seen=``) and
@@ -66,12 +68,14 @@ def _queue_filters(*, kind: str, agent: str) -> dict[str, Any]:
             "agents": known_agents(), "agent_note": agent_note(agent)}
 
 
+@viewing
 @require_http_methods(["GET"])
 def pending_count(request: HttpRequest) -> HttpResponse:
     """The nav's pending count, polled by htmx on every page."""
     return page(request, "base.html", {}, partial="nav-pending")
 
 
+@viewing
 @require_http_methods(["GET", "POST"])
 def approval_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """The request, what is known about it, the run so far, and the decisions. An open page
@@ -161,6 +165,7 @@ def _render(
         "timeline": timeline,
         "pending": approval.status == ApprovalStatus.PENDING,
         "outcome_unknown": selectors.approval_outcome_unknown(approval),
+        "tampered": selectors.approval_tampered(approval),
         "policy": selectors.approval_is_policy(approval),
         "kind_word": kind_word(approval.kind),
         "status_word": wording.status_word(approval),

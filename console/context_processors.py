@@ -9,12 +9,14 @@ from django.http import HttpRequest
 
 from runtime.approvals import pending
 
+from .permissions import VIEW
+
 
 def console(request: HttpRequest) -> dict[str, Any]:
     """The pending count for the nav, computed only if a template actually shows it (the admin
     and the login page do not), and at most once per request."""
     user = getattr(request, "user", None)
-    if user is None or not user.is_authenticated:
+    if user is None or not user.is_authenticated or not user.has_perm(VIEW):
         return {}
 
     @cache

@@ -18,12 +18,13 @@ from runtime.errors import RunNotFound, RunNotResumable
 from runtime.models import Run, RunStatus
 
 from .forms import CancelRunForm
+from .permissions import CANCEL as CANCEL_PERMISSION
+from .permissions import viewing
 from .render import no_change, page, unchanged
 
 PAGE_SIZE = 50
 STEPS_SHOWN = 50  # a run's page shows its latest steps and events; the rest a click away
 EVENTS_SHOWN = 50
-CANCEL_PERMISSION = "runtime.cancel_run"
 RUN_LIST_FIELDS = ("id", "agent", "status", "failure_code", "lease_owner", "llm_requests", "cost",
                    "created_at", "updated_at")
 CANCELLABLE = (RunStatus.QUEUED, RunStatus.WAITING)
@@ -50,6 +51,7 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+@viewing
 @require_http_methods(["GET"])
 def run_list(request: HttpRequest) -> HttpResponse:
     """Newest first, ``?before=<id>`` / ``?after=<id>`` keyset pages: the cost of a page does
@@ -110,6 +112,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
     return page(request, "console/runs.html", context, partial="run-list", status=code)
 
 
+@viewing
 @require_http_methods(["GET", "POST"])
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """One run: its live state, its latest steps and events (``?steps_before=N`` pages back

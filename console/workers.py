@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 from runtime.models import Run, RunStatus, Worker
 from runtime.selectors import worker_live
 
+from .permissions import viewing
 from .render import page
 
 # The tabs, by their ``?show=`` value: live and recently dead (the default), dead longer ago.
@@ -42,6 +43,7 @@ def _runs_held(owners: list[str]) -> dict[str, int]:
         .values_list("lease_owner").annotate(n=Count("id")).order_by())
 
 
+@viewing
 @require_http_methods(["GET"])
 def worker_list(request: HttpRequest) -> HttpResponse:
     """``/workers/``: live workers and those whose last heartbeat is within the recent window;

@@ -15,6 +15,7 @@ from django.shortcuts import render
 from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_http_methods
 
+from console.permissions import viewing
 from runtime.models import Approval, Step
 
 from . import world
@@ -66,6 +67,7 @@ def _shown(rows: list[dict[str, Any]], found: dict[str, Origin]) -> list[dict[st
     return out
 
 
+@viewing
 @require_http_methods(["GET"])
 def outside_world(request: HttpRequest) -> HttpResponse:
     """Never cached: recipients, amounts and keys must not outlive the operator's session."""

@@ -89,6 +89,10 @@ def _decide(
                               "a policy approval is approved or rejected")
     step, run = approval.step, approval.run
     if status != ApprovalStatus.REJECTED:
+        if not approval_request_intact(approval):
+            raise ApprovalConflict(approval_id, "its stored request does not match its digest, "
+                                   "so what it shows is not what would run; it can only be "
+                                   "rejected", status=approval.status)
         _check_four_eyes(approval, by)
     if approval.digest != request_digest(step.tool, step.arguments, step.effect):
         raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
@@ -111,6 +115,13 @@ def _decide(
         notify_ready()
     approval.refresh_from_db()
     return approval
+
+
+def approval_request_intact(approval: Approval) -> bool:
+    """Whether the request an approval holds (and a page shows) is the one its digest names.
+    If someone edited the stored arguments, a person would decide on one request while the
+    digest, and the step it is checked against, let another one run."""
+    return approval.digest == request_digest(approval.tool, approval.arguments, approval.effect)
 
 
 def four_eyes() -> bool:

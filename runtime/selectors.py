@@ -15,7 +15,7 @@ from typing import Any
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
 from django.db.models.lookups import GreaterThan
 
-from .approvals import RESOLVABLE, four_eyes_blocks, pending
+from .approvals import RESOLVABLE, approval_request_intact, four_eyes_blocks, pending
 from .clock import SYSTEM_CLOCK
 from .models import (
     TERMINAL_RUN_STATUSES,
@@ -64,14 +64,20 @@ def approval_version(approval: Approval) -> str:
 
 def approval_decisions(approval: Approval, by: str) -> list[str]:
     """The decisions ``by`` may make on ``approval`` now, in the order to offer them: none once
-    decided; under four-eyes only rejecting; resolving only where a call may have happened."""
+    decided; only rejecting under four-eyes or when the stored request does not match its
+    digest; resolving only where a call may have happened."""
     if approval.status != ApprovalStatus.PENDING:
         return []
-    if four_eyes_blocks(approval, by):
+    if four_eyes_blocks(approval, by) or not approval_request_intact(approval):
         return ["reject"]
     if approval.kind in RESOLVABLE:
         return ["approve", "resolve", "reject"]
     return ["approve", "reject"]
+
+
+def approval_tampered(approval: Approval) -> bool:
+    """Whether the request shown is not the one the approval's digest names."""
+    return not approval_request_intact(approval)
 
 
 def approval_outcome_unknown(approval: Approval) -> bool:

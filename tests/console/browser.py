@@ -111,7 +111,7 @@ def server(rdb: Path, tmp_path: Path, static_root: Path) -> Iterator[Server]:
 @pytest.fixture
 def people(make_user) -> Callable[..., str]:
     def make(username: str, *perms: str) -> str:
-        make_user(username, *perms, password=PASSWORD)
+        make_user(username, "runtime.view_run", *perms, password=PASSWORD)
         return username
 
     return make

@@ -60,14 +60,21 @@ def client_for(user: User) -> Client:
 
 @pytest.fixture
 def operator(make_user) -> Client:
-    """May decide approvals and cancel runs."""
-    return client_for(make_user("olga", "runtime.decide_approval", "runtime.cancel_run"))
+    """May see runs, decide approvals and cancel runs."""
+    return client_for(make_user("olga", "runtime.view_run", "runtime.decide_approval",
+                                "runtime.cancel_run"))
 
 
 @pytest.fixture
 def viewer(make_user) -> Client:
-    """Logged in, no permissions: sees everything, decides nothing."""
-    return client_for(make_user("victor"))
+    """May see everything, decide nothing."""
+    return client_for(make_user("victor", "runtime.view_run"))
+
+
+@pytest.fixture
+def stranger(make_user) -> Client:
+    """Logged in, no permission at all: sees nothing of any run."""
+    return client_for(make_user("stella"))
 
 
 @dataclass

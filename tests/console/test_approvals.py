@@ -247,7 +247,7 @@ def test_every_decision_needs_its_confirmation(interrupted, operator, decision):
 def test_second_decision_gets_409_already_decided_by_and_changes_nothing(
         interrupted, operator, make_user):
     w = interrupted()
-    other = client_for(make_user("pat", "runtime.decide_approval"))
+    other = client_for(make_user("pat", "runtime.view_run", "runtime.decide_approval"))
     assert decide(other, w.approval, "approve").status_code == 302
     before = snapshot(w.run.pk)
     for htmx in (False, True):
@@ -284,7 +284,7 @@ def test_decisions_need_the_csrf_token(interrupted, rdb, make_user):
 
     w = interrupted()
     client = Client(enforce_csrf_checks=True)
-    client.force_login(make_user("carla", "runtime.decide_approval"))
+    client.force_login(make_user("carla", "runtime.view_run", "runtime.decide_approval"))
     data = {"decision": "approve", "approve-confirm": "on"}
     assert client.post(f"/approvals/{w.approval.pk}/", data).status_code == 403
     assert Approval.objects.get(pk=w.approval.pk).status == "pending"

@@ -42,7 +42,7 @@ def test_off_by_default(interrupted):
 
 def test_console_hides_approve_and_resolve_and_answers_403(four_eyes, interrupted, make_user):
     w = interrupted(created_by="sam")
-    sam = client_for(make_user("sam", "runtime.decide_approval"))
+    sam = client_for(make_user("sam", "runtime.view_run", "runtime.decide_approval"))
     html = sam.get(f"/approvals/{w.approval.pk}/").content.decode()
     assert 'data-testid="four-eyes"' in html
     assert 'id="decide-approve"' not in html and 'id="decide-resolve"' not in html
@@ -52,5 +52,5 @@ def test_console_hides_approve_and_resolve_and_answers_403(four_eyes, interrupte
     assert response.status_code == 403
     assert "so someone else must approve or resolve" in response.content.decode()
     assert Approval.objects.get(pk=w.approval.pk).status == "pending"
-    other = client_for(make_user("tia", "runtime.decide_approval"))
+    other = client_for(make_user("tia", "runtime.view_run", "runtime.decide_approval"))
     assert 'id="decide-approve"' in other.get(f"/approvals/{w.approval.pk}/").content.decode()

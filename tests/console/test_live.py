@@ -31,7 +31,7 @@ def test_an_open_approval_follows_a_decision_made_elsewhere(interrupted, operato
     assert re.search(rf'hx-get="{url}\?seen={re.escape(version)}" hx-trigger="every 3s"', shown)
     assert operator.get(f"{url}?seen={version}", **HTMX).status_code == 204  # nothing new
 
-    other = client_for(make_user("pat", "runtime.decide_approval"))
+    other = client_for(make_user("pat", "runtime.view_run", "runtime.decide_approval"))
     decide(other, w.approval, "reject", note="duplicate order")
     poll = operator.get(f"{url}?seen={version}", **HTMX)
     html = poll.content.decode()

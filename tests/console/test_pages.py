@@ -33,7 +33,8 @@ def clean(html: str, where: str) -> None:
 @pytest.fixture
 def every_state(interrupted, policy_paused, operator, make_user, clock) -> dict[str, list[str]]:
     """Approvals and runs in each state a person can meet them in."""
-    other = client_for(make_user("pat", "runtime.decide_approval", "runtime.cancel_run"))
+    other = client_for(make_user("pat", "runtime.view_run", "runtime.decide_approval",
+                                 "runtime.cancel_run"))
     pending, policy = interrupted(), policy_paused()
     approved = interrupted()
     decide(operator, approved.approval, "approve")

@@ -34,7 +34,7 @@ def test_healthz_and_login_page_are_public(rdb):
 
 
 def test_log_in_then_out(make_user):
-    make_user("lena", password=PASSWORD)
+    make_user("lena", "runtime.view_run", password=PASSWORD)
     client = Client()
     bad = client.post("/login/", {"username": "lena", "password": "wrong"})
     assert bad.status_code == 200 and "Please enter a correct username" in bad.content.decode()

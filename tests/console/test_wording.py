@@ -64,7 +64,7 @@ def test_a_started_policy_call_reads_allowed_and_started_and_a_late_decision_say
     assert f"Allowed, started at {approval.consumed_at:%Y-%m-%d %H:%M:%S} UTC" in started
     assert "consumed" not in started
 
-    late = client_for(make_user("pat", "runtime.decide_approval"))
+    late = client_for(make_user("pat", "runtime.view_run", "runtime.decide_approval"))
     refused = decide(late, w.approval, "reject", note="too late")
     assert refused.status_code == 409
     message = text(refused)

@@ -165,7 +165,7 @@ def test_a_phone_never_scrolls_sideways(make_user, log_in):
     screen."""
     from tests.console.conftest import PASSWORD
 
-    make_user("pia", password=PASSWORD)
+    make_user("pia", "runtime.view_run", password=PASSWORD)
     long_host = "build-runner-with-a-very-long-name.eu-central-1.compute.internal"
     for i, age in enumerate((2, 600, 3 * HOUR)):
         worker(f"refund-desk-worker@{long_host}:{40000 + i}:0123abcd", age, host=long_host)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from playwright.sync_api import expect
 
 from console.wording import kind_word
@@ -72,7 +72,8 @@ def test_the_outside_world_on_a_phone_links_back_to_the_approval(demo_world, log
     approval = interrupted_refund(demo_world, CrashPoint.AFTER_TOOL_EFFECT)
     world.send_mail("barbara.liskov.refunds-department@example.com",
                     "Your refund for order 1001", "body", key=approval.step.idempotency_key)
-    User.objects.create_user("olga", password=PASSWORD)
+    User.objects.create_user("olga", password=PASSWORD).user_permissions.add(
+        Permission.objects.get(codename="view_run", content_type__app_label="runtime"))
     page = log_in("olga")
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto("/demo/world/")

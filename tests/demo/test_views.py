@@ -29,7 +29,8 @@ def operator(rdb, settings, monkeypatch, tmp_path) -> Client:
     monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "world"))
     world.setup()
     user = User.objects.create_user("olga")
-    user.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_run", "decide_approval"]))
     client = Client()
     client.force_login(user)
     return client
@@ -78,7 +79,11 @@ def test_the_world_page_answers_before_the_demo_ever_ran(rdb, settings, monkeypa
         "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
     monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "never-set-up"))
     client = Client()
-    client.force_login(User.objects.create_user("olga"))
+    user = User.objects.create_user("olga")
+    client.force_login(user)
+    assert client.get("/demo/world/").status_code == 403  # the outside world needs view_run
+    user.user_permissions.add(Permission.objects.get(codename="view_run"))
+    client.force_login(User.objects.get(pk=user.pk))
     page = client.get("/demo/world/", {"key": "run1-step2-abc"})
     assert page.status_code == 200 and "No refund recorded under this key" in page.content.decode()
 

@@ -355,6 +355,26 @@ def _approved_then_altered(interrupted, clock) -> tuple[Run, Approval, Ledger, A
     return run, approval, ledger, fresh
 
 
+def test_an_approval_whose_own_request_was_changed_can_only_be_rejected(interrupted, clock):
+    """The step still holds the real request (what runs, what the digest is checked against);
+    only the approval's copy, which a page shows, was changed: a person would be deciding on
+    one request while another ran."""
+    run, approval, ledger = interrupted
+    with connection.cursor() as cur:
+        cur.execute("UPDATE runtime_approval SET arguments = %s WHERE id = %s",
+                    ['{"amount": 0.01}', approval.pk])
+    before = snapshot(run.pk)
+    for decide in (lambda: approve(approval.pk, by="alice"),
+                   lambda: resolve(approval.pk, by="alice", result={"charged": 5})):
+        with pytest.raises(ApprovalConflict) as err:
+            decide()
+        assert "does not match its digest" in str(err.value)
+    assert snapshot(run.pk) == before
+    reject(approval.pk, by="alice", note="the approval was tampered with")
+    assert Run.objects.get(pk=run.pk).status == "failed"
+    assert ledger.count("charge") == 1
+
+
 def test_stale_approval_is_refused_when_it_would_be_consumed(interrupted, clock):
     run, approval, ledger, fresh = _approved_then_altered(interrupted, clock)
     assert run.status == "waiting"
