@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 
-from runtime.canonical import check_payload
+from runtime.canonical import check_payload, parse_json
 from runtime.errors import InvalidPayload
 
 NOTE_MAX = 2000
@@ -45,18 +45,20 @@ class ResolveForm(DecisionForm):
     field_order = ["result", "note", "confirm"]
 
     def clean_result(self) -> Any:
+        """The result as JSON within the runtime's limits. The text's size is checked before
+        it is parsed, and no depth reaches the parser's recursion (``parse_json``): too large
+        or too deep is a form error like bad JSON, never a server error."""
         text = self.cleaned_data["result"]
         try:
-            value = json.loads(text, parse_constant=_refuse_constant)
+            value = parse_json("the result", text, parse_constant=_refuse_constant)
+            check_payload("the result", value)  # the runtime's own limits, before it is asked
+        except InvalidPayload as exc:
+            raise forms.ValidationError(f"The result cannot be stored: {exc.reason}.") from None
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(
                 f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
-        try:
-            check_payload("the result", value)  # the runtime's own limits, before it is asked
-        except InvalidPayload as exc:
-            raise forms.ValidationError(exc.reason) from None
         return value
 
 

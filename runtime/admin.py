@@ -3,18 +3,23 @@
 State changes go through the runtime's functions, which write the state and its audit event in
 one transaction; an admin form editing a row would bypass both. The audit log may hold millions
 of events, so no list COUNTs or sorts the whole table, and no filter choice scans it: counts stop
-at a cap (and say "more than"), columns sort only where an index gives the order, and the
-actor filter lists people and live workers, not every actor ever seen.
+at a cap (and say "more than"), columns sort only where an index gives the order, the
+actor filter lists people and live workers, not every actor ever seen, and a list accepts only
+the query-string filters an index serves: its declared filters' own parameters, and a run id
+where it lists one run's rows (``lookup_allowed``); ``?q=`` is a run id or, on the audit log,
+an exact actor (``run_id_term``, ``get_search_results``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, ChangeList
 from django.contrib.auth import get_user_model
 from django.core.paginator import Paginator
@@ -32,13 +37,28 @@ from .models import Approval, Event, Run, Step, Worker
 from .selectors import live_workers
 
 COUNT_CAP = 10_000
+MAX_ID = 2**63 - 1  # the largest id a 64-bit integer column holds (both engines)
+MAX_PAGE = 1_000_000  # a page number past any real list; larger ones read as the last page
+
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+
+
+def run_id_term(text: str) -> int | None:
+    """A run id as typed in search or a filter (``12`` or ``#12``), or None: ASCII digits only
+    (``str.isdigit`` also takes ``²`` and other digits ``int`` refuses) and no larger than an
+    id column holds, so no lookup overflows."""
+    term = text.strip().removeprefix("#")
+    if not _ASCII_DIGITS.fullmatch(term):
+        return None
+    number = int(term)
+    return number if number <= MAX_ID else None
 
 
 def _page_number(request: HttpRequest) -> int:
-    try:
-        return max(1, int(request.GET.get(PAGE_VAR, 1)))
-    except ValueError:
+    text = request.GET.get(PAGE_VAR, "1")
+    if not _ASCII_DIGITS.fullmatch(text):
         return 1
+    return min(max(1, int(text)), MAX_PAGE)
 
 
 class BoundedCountPaginator(Paginator):
@@ -95,7 +115,7 @@ class BoundedChangeList(ChangeList):
 
     def _sortable(self, param: str) -> bool:
         index = param.rpartition("-")[2]
-        if not index.isdigit() or int(index) >= len(self.list_display):
+        if not _ASCII_DIGITS.fullmatch(index) or int(index) >= len(self.list_display):
             return False
         return self.list_display[int(index)] in self.sortable_by
 
@@ -192,17 +212,55 @@ class ReadOnlyAdmin(admin.ModelAdmin):
             paginator.wanted_page = _page_number(request)
         return paginator
 
+    # Query-string filters on the run id (exact), accepted where the list is of one run's
+    # rows: an index on the run serves them.
+    run_lookups: tuple[str, ...] = ()
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None
+                       ) -> bool:
+        """Only the filters this list declares, by the parameters their choices link to, and
+        ``run_lookups``. Django would take a lookup on any column (``?actor__regex=``,
+        ``?payload__contains=``, ``?id__gt=``): a query no index serves, or a server error.
+        Refused, Django answers 400 ("Filtering by ... not allowed") before any query."""
+        return lookup in self.allowed_lookups(request)
+
+    def allowed_lookups(self, request: HttpRequest | None = None) -> set[str]:
+        filters = self.get_list_filter(request) if request is not None else self.list_filter
+        allowed = set(self.run_lookups)
+        for item in filters:
+            allowed |= filter_parameters(self.model, item)
+        return allowed
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
-        """Search is by run id (an exact, indexed match); anything else matches nothing."""
-        term = search_term.strip().removeprefix("#")
-        if not term:
+        """Search is by run id (an exact, indexed match); anything else, a number too large
+        for an id included, matches nothing. A list without a search box ignores ``?q=``."""
+        if not search_term.strip() or not self.search_fields:
             return queryset, False
-        if not term.isdigit():
+        run_id = run_id_term(search_term)
+        if run_id is None:
             return queryset.none(), False
         field = "pk" if queryset.model is Run else "run_id"
-        return queryset.filter(**{field: int(term)}), False
+        return queryset.filter(**{field: run_id}), False
+
+
+def filter_parameters(model: type[models.Model], item: Any) -> set[str]:
+    """The query-string parameters one ``list_filter`` entry reads: a SimpleListFilter's
+    ``parameter_name``; for a field, what Django's filter for it links to (``f__exact`` and
+    plain ``f``, the same equality; ``f__gte`` and ``f__lt`` for a date), and ``f__isnull``
+    where the column may be NULL."""
+    if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+        return {item.parameter_name}
+    path, kind = item if isinstance(item, list | tuple) else (item, None)
+    field = get_fields_from_path(model, path)[-1]
+    nullable = {f"{path}__isnull"} if field.null else set()
+    dated = kind is None and isinstance(field, models.DateField)
+    if dated or (isinstance(kind, type) and issubclass(kind, admin.DateFieldListFilter)):
+        return {f"{path}__gte", f"{path}__lt"} | nullable
+    if field.is_relation:
+        return {f"{path}__{field.target_field.name}__exact"} | nullable
+    return {path, f"{path}__exact"} | nullable
 
 
 def _pretty(value: Any) -> str:
@@ -269,15 +327,17 @@ class AgentFilter(admin.SimpleListFilter):
         return queryset.filter(**{field: self.value()}) if self.value() else queryset
 
 
-RUN_PARAMS = ("run__id__exact", "run__id", "run__exact", "run", "run_id__exact", "run_id")
+# The one filter on the run id the audit log accepts (``lookup_allowed``): what the run page's
+# "audit log of this run" link and each event's "events" link send.
+RUN_PARAMS = ("run__id__exact",)
 
 
 def one_run(request: HttpRequest) -> bool:
     """Whether the list is of one run's events (filtered, or searched by run id), which the
     unique (run, seq) index reads in sequence order."""
-    if any(request.GET.get(p, "").isdigit() for p in RUN_PARAMS):
+    if any(run_id_term(request.GET.get(p, "")) is not None for p in RUN_PARAMS):
         return True
-    return request.GET.get("q", "").strip().removeprefix("#").isdigit()
+    return run_id_term(request.GET.get("q", "")) is not None
 
 
 @admin.register(Event)
@@ -291,6 +351,7 @@ class EventAdmin(ReadOnlyAdmin):
     list_filter = (EventKindFilter, EventActorFilter, ("at", admin.DateFieldListFilter))
     search_fields = ("=run__id",)
     search_help_text = "A run id (12 or #12), or an actor exactly (a username or a worker id)"
+    run_lookups = RUN_PARAMS
     fields = ("run_link", "seq", "step_index", "kind", "actor", "at_ms", "payload_pretty",
               "hash")
 
@@ -305,9 +366,11 @@ class EventAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
         """A run id, or else an exact actor (read through the (actor, at) index): how a dead
-        worker's events are found now that the actor filter no longer lists it."""
+        worker's events are found now that the actor filter no longer lists it. A number
+        (ASCII digits) is a run id, one too large for an id matching nothing; any other text
+        (``²`` included) is an actor, matched exactly."""
         term = search_term.strip()
-        if term and not term.removeprefix("#").isdigit():
+        if term and not _ASCII_DIGITS.fullmatch(term.removeprefix("#")):
             return queryset.filter(actor=term), False
         return super().get_search_results(request, queryset, search_term)
 

@@ -1,10 +1,13 @@
-"""Canonical JSON: one byte string per value, for hashes, digests and size limits."""
+"""Canonical JSON: one byte string per value, for hashes, digests and size limits; and the
+limits every payload meets before it is stored (``check_payload``), or before JSON text from
+outside is parsed (``parse_json``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -13,9 +16,16 @@ from .errors import InvalidPayload
 
 
 def dumps(value: Any) -> str:
-    """Sorted keys, no whitespace, UTF-8 kept: equal values give equal strings."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    """Sorted keys, no whitespace, UTF-8 kept: equal values give equal strings.
+
+    A value nested too deeply for the encoder's recursion raises ``ValueError`` (as values JSON
+    cannot hold do), not ``RecursionError``; ``check_payload`` refuses such values before."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except RecursionError:
+        raise ValueError(f"nested too deeply to encode as JSON (the limit is "
+                         f"{max_payload_depth()} levels)") from None
 
 
 def digest(value: Any) -> str:
@@ -27,15 +37,74 @@ def max_payload_bytes() -> int:
     return int(settings.RUNTIME.get("MAX_PAYLOAD_BYTES", 1024 * 1024))
 
 
+# Objects and arrays nested in a payload, at most (RUNTIME["MAX_PAYLOAD_DEPTH"]). Real tool
+# arguments, results and API responses are rarely ten deep. Every page shows payloads with
+# recursive code (the pretty-printer, Django's JSON field decoder, inside a template already
+# a hundred or more frames down) under Python's recursion limit of 1000: values about 900
+# deep broke them. The runtime also wraps a payload a few levels deeper in its events. 32
+# keeps a wide margin on both sides; keep any other setting well under a few hundred.
+DEFAULT_MAX_PAYLOAD_DEPTH = 32
+
+
+def max_payload_depth() -> int:
+    return int(settings.RUNTIME.get("MAX_PAYLOAD_DEPTH", DEFAULT_MAX_PAYLOAD_DEPTH))
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def nesting_depth(value: Any, cap: int) -> int:
+    """How many objects and arrays the deepest path through ``value`` passes: 0 for a
+    scalar, 1 for ``[]``, ``[1, 2]`` or ``{"a": "b"}``, 2 for ``{"a": [1]}``; or ``cap + 1``
+    as soon as it is known to be deeper than ``cap``.
+
+    Iterative (its own stack of the open containers' iterators, no recursion), so no depth
+    raises ``RecursionError``, and a value that contains itself stops at ``cap + 1`` too."""
+    if not isinstance(value, _CONTAINERS):
+        return 0
+    deepest = 1
+    stack = [_children(value)]
+    while stack:
+        for child in stack[-1]:
+            if isinstance(child, _CONTAINERS):
+                stack.append(_children(child))
+                if len(stack) > deepest:
+                    deepest = len(stack)
+                    if deepest > cap:
+                        return cap + 1
+                break
+        else:  # every child of the innermost open container seen
+            stack.pop()
+    return deepest
+
+
+def _children(container: Any) -> Iterator[Any]:
+    return iter(container.values() if isinstance(container, dict) else container)
+
+
+def _too_deep(what: str, limit: int) -> InvalidPayload:
+    return InvalidPayload(what, f"nested deeper than {limit} levels")
+
+
 def check_payload(what: str, value: Any) -> Any:
     """Return ``value`` as plain JSON data that both engines store and give back alike, or
-    raise InvalidPayload (not JSON, too large, a NUL character)."""
+    raise InvalidPayload (nested too deeply, not JSON, too large, a NUL character or a lone
+    surrogate). The depth is checked first, without recursion, so no depth raises
+    ``RecursionError``."""
+    depth = max_payload_depth()
+    if nesting_depth(value, depth) > depth:
+        raise _too_deep(what, depth)
     try:
         text = dumps(value)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(what, f"not JSON-serialisable ({exc})") from None
     limit = max_payload_bytes()
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidPayload(what, "contains a lone surrogate (a \\ud800-\\udfff escape "
+                             "without its pair), which is not UTF-8 and cannot be "
+                             "stored") from None
     if size > limit:
         raise InvalidPayload(what, f"{size} bytes is larger than the limit of {limit} bytes")
     if _NUL.search(text):
@@ -59,6 +128,28 @@ def _portable_float(text: str) -> float | int:
     if "e+" in text:
         return int(number)
     return number
+
+
+def parse_json(what: str, text: str | bytes, **options: Any) -> Any:
+    """Parse JSON text from outside (a form, a command line, an LLM's tool call) within the
+    payload limits, or raise InvalidPayload: text larger than MAX_PAYLOAD_BYTES is refused
+    before it is parsed, and nesting deeper than MAX_PAYLOAD_DEPTH however deep it goes (the
+    parser's own ``RecursionError``, some 900 levels down, is caught; shallower values are
+    measured once parsed). Text that is not JSON raises ``ValueError``
+    (``json.JSONDecodeError``), as ``json.loads`` does; ``options`` go to ``json.loads``.
+    The value still has to pass ``check_payload`` before it is stored."""
+    limit = max_payload_bytes()
+    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
+    if size > limit:
+        raise InvalidPayload(what, f"{size} bytes is larger than the limit of {limit} bytes")
+    depth = max_payload_depth()
+    try:
+        value = json.loads(text, **options)
+    except RecursionError:
+        raise _too_deep(what, depth) from None
+    if nesting_depth(value, depth) > depth:
+        raise _too_deep(what, depth)
+    return value
 
 
 def request_digest(tool: str, arguments: Any, effect: str) -> str:

@@ -40,6 +40,9 @@ def decide(ex: Execution, step: Step) -> Step | None:
         try:
             response = ex.agent.llm.complete(ex.transcript, ex.agent.tool_specs)
             decisions = _checked_decisions(response)
+            # Later decisions wait in the run row: each must be storable now, or the LLM's
+            # answer fails like any other it gave that cannot be kept.
+            planned = [_decision_to_json(d) for d in decisions[1:]]
             break
         except LeaseLost:
             raise
@@ -57,7 +60,7 @@ def decide(ex: Execution, step: Step) -> Step | None:
                     cost=Add(Decimal(usage.cost)))
     ex.tokens += usage.tokens_in + usage.tokens_out
     ex.cost += Decimal(usage.cost)
-    ex.planned = [_decision_to_json(d) for d in decisions[1:]]
+    ex.planned = planned
     plan.run["planned"] = list(ex.planned)
     over = ex.usage_budget_error()
     if over:
@@ -196,7 +199,7 @@ def _checked_decisions(response: Any) -> list[Decision]:
 def _decision_to_json(d: Decision) -> dict[str, Any]:
     if isinstance(d, FinalAnswer):
         return {"final": check_payload("final answer", d.output)}
-    return {"tool": d.tool, "arguments": d.arguments}
+    return {"tool": d.tool, "arguments": check_payload("tool arguments", d.arguments)}
 
 
 def _decision_from_json(data: dict[str, Any]) -> Decision:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
-from .canonical import dumps
+from .canonical import dumps, max_payload_depth
 from .errors import LLMError
 from .llm import Decision, FinalAnswer, LLMResponse, ToolCall, Transcript, TranscriptEntry, Usage
 from .tools import ToolSpec
@@ -191,6 +191,8 @@ def parse_response(response: httpx.Response) -> LLMResponse:
                        retry_after=retry_after(response.headers.get("Retry-After")))
     try:
         data = response.json()
+    except RecursionError:
+        raise _malformed(status, "the body is nested too deeply to parse") from None
     except ValueError:
         raise _malformed(status, "the body is not JSON") from None
     try:
@@ -235,6 +237,9 @@ def _tool_call(raw: Any, status: int) -> ToolCall:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
+        except RecursionError:
+            raise _malformed(status, f"tool call {name!r} has arguments nested deeper than "
+                                     f"{max_payload_depth()} levels") from None
         except ValueError:
             raise _malformed(status, f"tool call {name!r} has arguments that are not JSON: "
                                      f"{_short(arguments)}") from None
@@ -264,7 +269,7 @@ def _error_detail(response: httpx.Response) -> str:
     try:
         error = response.json().get("error")
         detail = error.get("message") if isinstance(error, dict) else error
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         detail = None
     return _short(detail if detail else response.text or response.reason_phrase)
 

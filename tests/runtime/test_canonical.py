@@ -36,3 +36,13 @@ def test_a_nul_character_is_refused_on_both_engines_and_nothing_is_written(edb, 
     with registry.override(agent), pytest.raises(InvalidPayload, match="NUL character"):
         start("canon", bad)
     assert not Run.objects.exists() and not Event.objects.exists()
+
+
+@pytest.mark.parametrize("bad", [{"note": "\udc80"}, ["\ud800"], {"k\udfff": 1}])
+def test_a_lone_surrogate_is_refused_on_both_engines_and_nothing_is_written(edb, tmp_path, bad):
+    """Valid JSON text can carry one (``"\\udc80"``), but it is not UTF-8: neither engine
+    stores it, and encoding it was a crash (UnicodeEncodeError), not a refusal."""
+    agent = make_agent("canon", [FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
+    with registry.override(agent), pytest.raises(InvalidPayload, match="lone surrogate"):
+        start("canon", bad)
+    assert not Run.objects.exists() and not Event.objects.exists()

@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runtime import crashpoints
 from runtime.api import resume, start
+from runtime.canonical import parse_json
 from runtime.errors import AgentRuntimeError, InvalidPayload, UnknownAgent
 from runtime.models import Run, RunStatus
 
@@ -58,8 +59,10 @@ class Command(BaseCommand):
         if (options["agent"] is None) == (options["resume"] is None):
             raise CommandError("give an AGENT to start, or --resume RUN_ID (not both)")
         try:
-            data = json.loads(options["input"])
-        except json.JSONDecodeError as exc:
+            data = parse_json("--input", options["input"])
+        except InvalidPayload as exc:
+            raise CommandError(str(exc)) from None
+        except ValueError as exc:
             raise CommandError(f"--input is not valid JSON: {exc}") from None
         crashpoints.arm_from_env()  # the crash test kit arms this process through its env
         events = logging.getLogger("runtime.events")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from runtime.api import start
+from runtime.canonical import parse_json
 from runtime.errors import InvalidPayload, UnknownAgent
 from runtime.management.commands.runagent import exit_with_outcome
 from runtime.models import TERMINAL_RUN_STATUSES, RunStatus
@@ -29,8 +29,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
-            data = json.loads(opts["input"])
-        except json.JSONDecodeError as exc:
+            data = parse_json("--input", opts["input"])
+        except InvalidPayload as exc:
+            raise CommandError(str(exc)) from None
+        except ValueError as exc:
             raise CommandError(f"--input is not valid JSON: {exc}") from None
         try:
             run = start(opts["agent"], data, created_by=opts["by"])
