@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -14,7 +16,9 @@ from pathlib import Path
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.utils import ConnectionHandler
 
+from runtime import files
 from runtime.backends.sqlite3.base import DatabaseWrapper
 from runtime.models import Worker
 from tests.kit import Background
@@ -236,3 +240,113 @@ def test_the_event_and_step_run_indexes_the_unique_constraints_cover_are_gone(rd
     assert not [n for n in indexes if n.endswith(("_run_id_d25e86d3", "_run_id_7d62677f"))]
     assert sum(1 for n in indexes if n.startswith("sqlite_autoindex_")) == 2  # the uniques
     assert {"runtime_event_no_update", "runtime_event_no_delete"} <= triggers
+
+
+# -- the database's files: private whatever the umask, never on a network file system --------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def open_sqlite(django_db_blocker):
+    """Opens a database file of the test's choosing with the project's backend and settings;
+    closes what it opened."""
+    from runtime.benchkit.db import sqlite_config
+
+    opened: list[DatabaseWrapper] = []
+
+    def open_(path: Path, **options: object) -> DatabaseWrapper:
+        config = sqlite_config(path)
+        config["OPTIONS"].update(options)
+        settings_dict = ConnectionHandler().configure_settings({"default": config})["default"]
+        wrapper = DatabaseWrapper(settings_dict, alias=f"files-{len(opened)}")
+        opened.append(wrapper)
+        wrapper.ensure_connection()
+        return wrapper
+
+    with django_db_blocker.unblock():
+        try:
+            yield open_
+        finally:
+            for wrapper in opened:
+                wrapper.close()
+
+
+def test_a_fresh_database_and_its_wal_shm_and_lock_are_0600_in_a_0700_directory(
+        tmp_path, open_sqlite):
+    db = tmp_path / "var" / "sub" / "runtime.sqlite3"
+    old = os.umask(0o022)  # a typical umask: SQLite alone would make 0644 files
+    try:
+        wrapper = open_sqlite(db)
+        with wrapper.write_transaction(), wrapper.cursor() as cursor:
+            cursor.execute("CREATE TABLE t (x)")
+            cursor.execute("INSERT INTO t VALUES (1)")
+        companions = [Path(f"{db}{suffix}") for suffix in ("-wal", "-shm", ".writer")]
+        assert all(p.exists() for p in companions)
+        assert {str(p): _mode(p) for p in [db, *companions]} == {
+            str(p): 0o600 for p in [db, *companions]}
+        assert _mode(tmp_path / "var") == _mode(tmp_path / "var" / "sub") == 0o700
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_database_keeps_its_mode(tmp_path, open_sqlite):
+    db = tmp_path / "runtime.sqlite3"
+    sqlite3.connect(db).close()
+    os.chmod(db, 0o644)
+    open_sqlite(db).close()
+    assert _mode(db) == 0o644  # the operator's file: runtime.W001 reports it, we do not chmod
+
+
+@pytest.fixture
+def fake_mounts(tmp_path, monkeypatch):
+    """``mount(fstype)``: a directory under tmp_path that the backend now believes is a mount
+    of that type (the mount table it reads is a fake mountinfo)."""
+    info = tmp_path / "mountinfo"
+    info.write_text("27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n")
+    monkeypatch.setattr(files, "MOUNTINFO", str(info))
+
+    def mount(fstype: str) -> Path:
+        point = tmp_path / fstype.replace(".", "-")
+        point.mkdir()
+        with info.open("a") as fh:
+            fh.write(f"40 27 0:40 / {point} rw,relatime - {fstype} server:/export rw\n")
+        return point
+
+    return mount
+
+
+@pytest.mark.parametrize("fstype", ["nfs", "nfs4", "cifs", "smb3", "fuse.sshfs"])
+def test_a_database_on_a_network_file_system_is_refused_naming_path_and_type(
+        fake_mounts, open_sqlite, fstype):
+    db = fake_mounts(fstype) / "runtime.sqlite3"
+    with pytest.raises(files.NetworkFilesystemError) as refused:
+        open_sqlite(db)
+    assert str(refused.value).startswith(
+        f"refusing to open the SQLite database {db}: it is on a network file system "
+        f"({fstype}: server:/export on {db.parent})")
+    assert not db.exists()  # nothing created there
+
+
+@pytest.mark.parametrize("fstype", ["ext4", "xfs", "tmpfs", "overlay", "fuse.fuse-overlayfs"])
+def test_a_database_on_a_local_file_system_opens(fake_mounts, open_sqlite, fstype):
+    db = fake_mounts(fstype) / "runtime.sqlite3"
+    wrapper = open_sqlite(db)
+    with wrapper.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
+    assert _mode(db) == 0o600
+
+
+def test_with_the_writer_queue_off_the_files_are_private_and_no_lock_is_taken(
+        tmp_path, open_sqlite, fake_mounts):
+    db = tmp_path / "runtime.sqlite3"
+    wrapper = open_sqlite(db, writer_queue=False)
+    with wrapper.write_transaction(), wrapper.cursor() as cursor:
+        cursor.execute("CREATE TABLE t (x)")
+    assert not Path(f"{db}.writer").exists()
+    assert _mode(db) == _mode(Path(f"{db}-wal")) == 0o600
+    with pytest.raises(files.NetworkFilesystemError):  # refused all the same
+        open_sqlite(fake_mounts("nfs") / "runtime.sqlite3", writer_queue=False)

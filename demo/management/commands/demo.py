@@ -30,6 +30,7 @@ from django.db.models import Count
 
 from demo import world
 from runtime.api import start
+from runtime.files import private_dir, private_file
 from runtime.models import Approval, ApprovalStatus, Run, RunStatus
 from runtime.procs import die_with_parent
 
@@ -93,6 +94,11 @@ class Command(BaseCommand):
 
     def setup(self) -> None:
         call_command("migrate", verbosity=0, interactive=False)
+        # The outside world's ledgers name customers: private like the runtime's own files
+        # (0700 directory, 0600 files whatever the umask; existing ones keep their modes).
+        private_dir(world.world_dir())
+        for name in world.SCHEMA:
+            private_file(world.world_dir() / f"{name}.sqlite3")
         world.setup()
         if not self.opts["no_server"]:
             call_command("collectstatic", verbosity=0, interactive=False)

@@ -10,7 +10,14 @@ holder commits or rolls back. After the connection's
 locked", as SQLite would. SQLite's locking still decides who writes; the flock only orders the
 queue. The kernel drops the flock when its holder's process dies, unless a child forked without
 exec still holds a copy of the descriptor. Writes outside a transaction (autocommit) do not
-queue; SQLite's busy timeout covers them.
+queue; SQLite's busy timeout covers them. ``OPTIONS["writer_queue"] = False`` turns the queue
+off (SQLite's busy handler alone, as in Django's backend) and keeps the rest.
+
+Before SQLite opens a database file the backend refuses one on a network file system (NFS,
+SMB/CIFS, sshfs, ...: design §12) and creates what is missing privately, whatever the umask:
+the database's directory 0700, the database and the lock file 0600; SQLite gives ``-wal`` and
+``-shm`` the database's mode. Existing files keep theirs (``manage.py check`` warns about loose
+ones). See runtime/files.py.
 
 The process keeps count of its write transactions, the time they waited for the lock and the
 time they held it (``writer_stats``), so a worker can say how much of the single writer it used.
@@ -25,10 +32,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.db import OperationalError, transaction
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
+
+from runtime import files
 
 
 @dataclass
@@ -60,6 +70,30 @@ def _process_lock(path: str) -> threading.Lock:
         return _process_locks.setdefault(path, threading.Lock())
 
 
+_local_files: set[str] = set()  # databases found on a local file system, by this process
+
+
+def prepare_database_file(name: Any) -> None:
+    """Refuse a database on a network file system; create its missing directories (0700) and the
+    file itself (0600) before SQLite does (SQLite would use the umask's mode)."""
+    path = files.database_path(name)
+    if path is None:
+        return
+    path = Path(os.path.abspath(path))
+    real = os.path.realpath(path)
+    if real not in _local_files:  # read the mounts once per database and process
+        files.refuse_network_filesystem(path)
+        with _stats_lock:
+            _local_files.add(real)
+    if files.is_read_only_uri(name):
+        return
+    try:
+        files.private_dir(path.parent)
+        files.private_file(path)
+    except OSError as exc:  # a database error like SQLite's own "unable to open database file"
+        raise OperationalError(f"unable to create the database file {path}: {exc}") from exc
+
+
 class DatabaseWrapper(SQLiteWrapper):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -67,14 +101,23 @@ class DatabaseWrapper(SQLiteWrapper):
         self._writer_since: float | None = None  # when this connection took the lock
         self._writer_local: threading.Lock | None = None  # this process's lock, held with it
 
+    def get_connection_params(self) -> dict[str, Any]:
+        params = super().get_connection_params()
+        params.pop("writer_queue", None)  # ours (see _writer_lock), not sqlite3.connect()'s
+        return params
+
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        prepare_database_file(conn_params["database"])
+        return super().get_new_connection(conn_params)
+
     def _writer_lock(self) -> None:
         """Take this process's lock for the file (threads queue on it cheaply), then the
         flock that queues processes; both or neither, within the connection's timeout."""
-        if self.is_in_memory_db():
+        if self.is_in_memory_db() or not self.settings_dict["OPTIONS"].get("writer_queue", True):
             return
         path = os.path.abspath(f"{self.settings_dict['NAME']}.writer")
         if self._writer_fd is None:
-            self._writer_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._writer_fd = files.open_private(path)  # 0600 whatever the umask
         timeout = float(self.settings_dict["OPTIONS"].get("timeout", 5))
         local = _process_lock(path)
         asked = time.perf_counter()
