@@ -5,46 +5,41 @@ Configuration comes from the environment so the same code runs on a laptop (SQLi
 """
 
 import os
-import secrets
-import time
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+
+from runtime.files import private_dir, secret_key_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
 
 
-
 def _secret_key() -> str:
     """``DJANGO_SECRET_KEY``, or a random key made once for this install and kept (0600) in
-    ``var/secret_key``, so no deployment ever runs on a key that is public in the source.
-    Several machines serving one console must share a key: set the variable there."""
-    key = os.environ.get("DJANGO_SECRET_KEY")
-    if key:
-        return key
-    path = VAR_DIR / "secret_key"
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        for _ in range(50):  # another process may be writing it right now
-            key = path.read_text().strip()
-            if key:
-                return key
-            time.sleep(0.01)
-        raise RuntimeError(f"{path} is empty: delete it, or set DJANGO_SECRET_KEY") from None
-    key = secrets.token_urlsafe(50)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key + "\n")
-    return key
+    ``var/secret_key`` (var/ 0700), so no deployment ever runs on a key that is public in the
+    source. Several machines serving one console must share a key: set the variable there."""
+    return os.environ.get("DJANGO_SECRET_KEY") or secret_key_file(VAR_DIR / "secret_key")
 
 
 SECRET_KEY = _secret_key()
-DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
-ALLOWED_HOSTS = [
-    h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h
-]
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") == "1"
+
+
+def _list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = _flag("DJANGO_DEBUG")
+ALLOWED_HOSTS = _list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
+
+# The demo (its outside world at /demo/world/) is served only by `manage.py demo` (which sets
+# RUNTIME_DEMO=1, or at least RUNTIME_DEMO_LLM, for the gunicorn it starts) or in development.
+CONSOLE_DEMO = DEBUG or _flag("RUNTIME_DEMO")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -58,10 +53,13 @@ INSTALLED_APPS = [
     "runtime",
     "console",
     "demo",
+    "axes",  # login throttling and lockout (AXES_* below)
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy and Permissions-Policy on every response (SECURE_CSP below).
+    "console.middleware.SecurityHeadersMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -70,8 +68,19 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A session unused for CONSOLE_SESSION_IDLE_SECONDS ends (background polls do not count).
+    "console.middleware.IdleSessionMiddleware",
     # Every page needs a login except those marked @login_not_required (login, healthz).
     "console.middleware.LoginRequiredMiddleware",
+    # Last, as django-axes asks: turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes' backend goes first: it refuses every login of a locked-out client before the
+# password is even checked; ModelBackend then authenticates as before.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -108,7 +117,7 @@ def _database() -> dict:
     if url:
         config = dj_database_url.parse(url, conn_max_age=0)
     else:
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        private_dir(VAR_DIR)  # 0700 whatever the umask (runtime/files.py)
         config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "runtime.sqlite3"}
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
@@ -116,8 +125,10 @@ def _database() -> dict:
         config.setdefault("TEST", {"NAME": str(VAR_DIR / "test-runtime.sqlite3")})
         # Writers queue on a flock instead of sleeping in SQLite's busy handler (the runtime's
         # backend, runtime/backends/sqlite3); RUNTIME_SQLITE_WRITER_QUEUE=0 turns that off.
-        if os.environ.get("RUNTIME_SQLITE_WRITER_QUEUE", "1") != "0":
-            config["ENGINE"] = "runtime.backends.sqlite3"
+        # The refusal of network file systems and the private file modes hold either way.
+        config["ENGINE"] = "runtime.backends.sqlite3"
+        if os.environ.get("RUNTIME_SQLITE_WRITER_QUEUE", "1") == "0":
+            config["OPTIONS"]["writer_queue"] = False
     return config
 
 
@@ -125,7 +136,11 @@ DATABASES = {"default": _database()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": int(os.environ.get("CONSOLE_PASSWORD_MIN_LENGTH", "12"))}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -149,7 +164,8 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # Where an operator checks whether an interrupted call took effect: a URL with {key} (the
 # step's idempotency key) and {tool}, linked from every approval. The demo's outside world by
 # default; point it at your payment provider's dashboard, your mail logs, ...
-CONSOLE_CHECK_URL = os.environ.get("CONSOLE_CHECK_URL", "/demo/world/?key={key}")
+CONSOLE_CHECK_URL = os.environ.get("CONSOLE_CHECK_URL",
+                                   "/demo/world/?key={key}" if CONSOLE_DEMO else "")
 
 # How long a dead worker stays on the Workers page's first tab, next to the live ones, counted
 # from its last heartbeat (default one hour); older dead ones are on the second tab
@@ -160,17 +176,91 @@ CONSOLE_RECENT_DEAD_WORKERS_SECONDS = float(
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
+
+# -- Sessions: they end when the browser closes, and after CONSOLE_SESSION_IDLE_SECONDS
+# (default 30 minutes) without a request of the person's own (console.middleware
+# .IdleSessionMiddleware; the pages' background polls do not keep a session alive).
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+CONSOLE_SESSION_IDLE_SECONDS = int(os.environ.get("CONSOLE_SESSION_IDLE_SECONDS", "1800"))
+SESSION_COOKIE_AGE = CONSOLE_SESSION_IDLE_SECONDS  # the server forgets an idle session too
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"
-SESSION_COOKIE_SECURE = os.environ.get("DJANGO_SECURE_COOKIES", "") == "1"
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
+# -- HTTPS, behind a TLS-terminating proxy (README "Running it in production"). Each is off
+# unless set, so a laptop on http://127.0.0.1:8000 works as before.
+SESSION_COOKIE_SECURE = _flag("DJANGO_SECURE_COOKIES")
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = _flag("DJANGO_SSL_REDIRECT")
+# Load balancers probe /healthz over plain HTTP, straight at gunicorn.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("DJANGO_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = _flag("DJANGO_HSTS_PRELOAD")
+# The header the proxy sets to say the browser used HTTPS, e.g. X-Forwarded-Proto (value
+# "https"), or "X-Forwarded-Ssl=on". Only set it if the proxy always sets or strips it.
+_ssl_header = os.environ.get("DJANGO_PROXY_SSL_HEADER", "").strip()
+if _ssl_header:
+    _name, _, _value = _ssl_header.partition("=")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _name.strip().upper().replace("-", "_"),
+                               _value.strip() or "https")
+CSRF_TRUSTED_ORIGINS = _list("DJANGO_CSRF_TRUSTED_ORIGINS")
+# How many proxies in front of gunicorn append the client's address to X-Forwarded-For: the
+# client is the address that many entries from the right. 0 (the default): the header is
+# ignored and the socket's peer is the client (console.middleware.client_ip).
+CONSOLE_PROXY_COUNT = int(os.environ.get("DJANGO_PROXY_COUNT", "0"))
+
+# -- Content-Security-Policy (console.middleware.SecurityHeadersMiddleware): nothing inline,
+# nothing evaluated; every script and stylesheet is a static file. The shape of Django 6.0's
+# SECURE_CSP, so the built-in middleware can take over after an upgrade.
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'none'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+# Browser features no console page uses, denied to every page (and to anything it embeds).
+PERMISSIONS_POLICY = [
+    "accelerometer", "autoplay", "camera", "display-capture", "geolocation",
+    "gyroscope", "hid", "idle-detection", "magnetometer", "microphone", "midi", "payment",
+    "publickey-credentials-get", "screen-wake-lock", "serial", "usb", "xr-spatial-tracking",
+]
+
+# -- Login throttling (django-axes, on /login/ and /admin/login/ alike): after
+# CONSOLE_LOGIN_FAILURE_LIMIT failed logins from one client address, or for one username, both
+# are refused (even with the right password) for CONSOLE_LOGIN_COOLOFF_SECONDS, counted from
+# the last failure; the lockout page says so (HTTP 429). A success resets the count. Superusers
+# lift a lockout in the admin (Axes > Access attempts) or with `manage.py axes_reset`.
+AXES_FAILURE_LIMIT = int(os.environ.get("CONSOLE_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(seconds=int(os.environ.get("CONSOLE_LOGIN_COOLOFF_SECONDS",
+                                                         "900")))
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_CLIENT_IP_CALLABLE = "console.middleware.client_ip"
+AXES_SENSITIVE_PARAMETERS = []  # log the username and address tried (never the password)
+
+# -- Logging: everything at WARNING and above to stderr, with a timestamp: errors, every 4xx
+# and 5xx answer (django.request), django.security.* (CSRF failures, bad hosts), failed logins
+# and lockouts (axes). Gunicorn passes stderr on to its own log (or journald under systemd).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"runtime": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
+    "loggers": {
+        "runtime": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+        # Django's own default sends these to ADMINS by mail when DEBUG is off (nobody here):
+        # to stderr through the root logger instead.
+        "django": {"handlers": [], "level": "INFO" if DEBUG else "WARNING", "propagate": True},
+        "axes": {"handlers": [], "level": "WARNING", "propagate": True},
+    },
 }
 
 # The runtime app's own settings. AGENTS lists dotted paths to Agent objects;

@@ -1,5 +1,6 @@
 """URL routes of the console."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
@@ -21,6 +22,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin's, error pages).
     path("favicon.ico", views.favicon),
-    path("demo/", include("demo.urls")),
+    # The demo's outside world only where the demo runs (manage.py demo) or in development.
+    *([path("demo/", include("demo.urls"))] if settings.CONSOLE_DEMO else []),
     path("", include((console_patterns, "console"))),
 ]

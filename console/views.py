@@ -13,9 +13,11 @@ from django.views.decorators.http import require_http_methods
 @login_not_required
 @require_http_methods(["GET", "HEAD"])
 def healthz(request: HttpRequest) -> JsonResponse:
-    """Liveness for load balancers: the database answers, with its durability settings."""
+    """Liveness for load balancers: ``{"database": "ok"}`` once the database answers. Staff
+    also see its durability settings (SQLite's journal mode and synchronous level); nobody
+    else learns anything about the installation."""
     with connection.cursor() as cur:
-        if connection.vendor == "sqlite":
+        if connection.vendor == "sqlite" and request.user.is_staff:
             mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
             sync = cur.execute("PRAGMA synchronous").fetchone()[0]
             return JsonResponse({"database": "ok", "journal_mode": mode, "synchronous": sync})

@@ -149,7 +149,7 @@ class Command(BaseCommand):
         return [{"point": point, "step_index": step, "occurrence": occurrence}]
 
     def spawn(self, name: str, args: list[str], *, arm: bool) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUNTIME_DEMO": "1",
                "RUNTIME_DEMO_LLM": self.opts["llm"]}
         env.pop("RUNTIME_CRASH_POINTS", None)
         arms = self.arms() if arm else []
