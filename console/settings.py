@@ -270,6 +270,8 @@ RUNTIME = {
     + [p for p in os.environ.get("RUNTIME_AGENTS", "").split(",") if p],
     "LEASE_SECONDS": float(os.environ.get("RUNTIME_LEASE_SECONDS", "30")),
     "MAX_PAYLOAD_BYTES": int(os.environ.get("RUNTIME_MAX_PAYLOAD_BYTES", str(1024 * 1024))),
+    # Deeper JSON is refused where it enters: pages show payloads with recursive code.
+    "MAX_PAYLOAD_DEPTH": int(os.environ.get("RUNTIME_MAX_PAYLOAD_DEPTH", "32")),
     # Four-eyes: whoever started a run may not approve or resolve its side effects.
     "FOUR_EYES": os.environ.get("RUNTIME_FOUR_EYES", "") == "1",
     # Retries of a failed LLM request (timeouts, 429, 5xx, malformed answers), with backoff.
