@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from runtime import selectors
 from runtime.api import start
+from runtime.canonical import request_digest
 from runtime.models import Approval, Event, Run, Step, Worker
 
 
@@ -48,7 +49,8 @@ def test_decisions_follow_the_kind_the_status_and_four_eyes(rdb, settings):
                                effect="side_effect", idempotency_key="k", attempt=1,
                                started_at=timezone.now())
     approval = Approval(run=run, step=step, kind="interrupted_side_effect", tool="send",
-                        arguments={}, effect="side_effect", digest="d", title="t",
+                        arguments={}, effect="side_effect",
+                        digest=request_digest("send", {}, "side_effect"), title="t",
                         created_at=timezone.now())
     assert selectors.approval_decisions(approval, "pat") == ["approve", "resolve", "reject"]
     assert selectors.approval_outcome_unknown(approval)
@@ -58,6 +60,8 @@ def test_decisions_follow_the_kind_the_status_and_four_eyes(rdb, settings):
     settings.RUNTIME = {**settings.RUNTIME, "FOUR_EYES": True}
     assert selectors.approval_decisions(approval, "olga") == ["reject"]  # she started it
     assert selectors.approval_decisions(approval, "pat") == ["approve", "reject"]
+    approval.arguments = {"to": "someone else"}  # not what the digest names: reject only
+    assert selectors.approval_decisions(approval, "pat") == ["reject"]
     approval.status = "approved"
     assert selectors.approval_decisions(approval, "pat") == []
 
