@@ -278,4 +278,7 @@ RUNTIME = {
     "LLM_RETRIES": int(os.environ.get("RUNTIME_LLM_RETRIES", "3")),
     "LLM_RETRY_BASE_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_BASE_SECONDS", "1")),
     "LLM_RETRY_MAX_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_MAX_SECONDS", "30")),
+    # Signs audit checkpoints (manage.py auditcheckpoint); keep it off the database's machine's
+    # backups and out of the database itself. At least 32 characters.
+    "AUDIT_KEY": os.environ.get("RUNTIME_AUDIT_KEY", ""),
 }

@@ -33,7 +33,7 @@ from django.utils.html import format_html
 
 from .agents import registry
 from .audit import EVENT_KINDS
-from .models import Approval, Event, Run, Step, Worker
+from .models import Approval, AuditCheckpoint, Event, Run, RunCreation, Step, Worker
 from .selectors import live_workers
 
 COUNT_CAP = 10_000
@@ -432,3 +432,22 @@ class WorkerAdmin(ReadOnlyAdmin):
     list_display = ("owner", "host", "pid", "concurrency", "lease_seconds", "started_at_ms",
                     "heartbeat_at_ms", "runs_held")
     ordering = ("host", "started_at")
+
+
+@admin.register(RunCreation)
+class RunCreationAdmin(ReadOnlyAdmin):
+    """The global audit chain, newest first (its seq index serves the order)."""
+
+    list_display = ("seq", "run_id", "agent", "created_by", "at_ms", "hash")
+    ordering = ("-seq",)
+    sortable_by = ("seq",)
+
+
+@admin.register(AuditCheckpoint)
+class AuditCheckpointAdmin(ReadOnlyAdmin):
+    """Checkpoints taken (``manage.py auditcheckpoint``); the signed files live elsewhere."""
+
+    paginator = Paginator  # one row an hour at most
+    list_display = ("seq", "at_ms", "by", "runs", "creations_seq", "hash")
+    ordering = ("-seq",)
+    sortable_by = ("seq",)

@@ -144,12 +144,17 @@ class Verification:
     def __str__(self) -> str:
         if self.ok:
             return f"run {self.run_id}: ok ({self.events} events)"
+        if self.broken_seq is None:
+            return f"run {self.run_id}: BROKEN: {self.reason}"
         return f"run {self.run_id}: BROKEN at event #{self.broken_seq}: {self.reason}"
 
 
-def verify(run: Any, using: str = "default") -> Verification:
-    """Check a run's events: sequence 1..n without gaps, every hash, and the run's chain head."""
+def verify(run: Any, using: str = "default", *, replay: bool = True) -> Verification:
+    """Check a run's events (sequence 1..n without gaps, every hash, the run's chain head),
+    then, unless ``replay`` is off, that its rows say what its events say (``runtime.replay``):
+    a row edited behind the runtime's back is as broken as an edited event."""
     from .models import Event, Run
+    from .replay import replay_problems
 
     if not isinstance(run, Run):
         run = Run.objects.using(using).get(pk=run)
@@ -170,4 +175,10 @@ def verify(run: Any, using: str = "default") -> Verification:
         return Verification(run.pk, False, count, count + 1 if run.event_seq > count else count,
                             f"chain head mismatch: run records #{run.event_seq}, "
                             f"log ends at #{count} (events missing or added)")
+    if replay:
+        problems = replay_problems(run.pk, using)
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            return Verification(run.pk, False, count, None, "its rows disagree with its "
+                                "events: " + "; ".join(problems[:3]) + more)
     return Verification(run.pk, True, count)

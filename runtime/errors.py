@@ -194,3 +194,19 @@ class ProtocolMismatch(AgentRuntimeError):
             why = (f"the database speaks protocol {database}, this worker {code}: run "
                    "`manage.py migrate` before starting workers of this version")
         super().__init__(f"refusing to claim runs: {why}")
+
+
+class AuditKeyError(AgentRuntimeError):
+    """The audit signing key (``RUNTIME_AUDIT_KEY``) is missing or too short to sign with."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"cannot sign or check audit checkpoints: {reason}")
+
+
+class CheckpointRefused(AgentRuntimeError):
+    """An audit checkpoint could not be written or read: not one, altered, or another key's."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}" if path else reason)

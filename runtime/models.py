@@ -229,3 +229,45 @@ class Protocol(models.Model):
 
     def __str__(self) -> str:
         return f"protocol {self.version}"
+
+
+class RunCreation(models.Model):
+    """The global audit chain: one entry per run ever created, each hashed after the one before.
+
+    A run deleted with its events still leaves its entry (there is no foreign key to cascade or
+    protect), and an entry deleted leaves a gap in ``seq``; ``first_hash`` ties the entry to the
+    run's own chain, so its ``run.created`` event cannot be rewritten unnoticed. Append-only in
+    the database, like the events.
+    """
+
+    seq = models.BigIntegerField(unique=True)
+    run_id = models.BigIntegerField(unique=True)
+    agent = models.CharField(max_length=200)
+    created_by = models.CharField(max_length=150, blank=True)
+    at = models.DateTimeField()
+    first_hash = models.CharField(max_length=64, help_text="The hash of the run's event #1.")
+    hash = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"creation #{self.seq}: run {self.run_id}"
+
+
+class AuditCheckpoint(models.Model):
+    """A checkpoint of every chain head, also written (signed) to a file kept off this database.
+
+    The row records that the checkpoint was taken and chains the checkpoints together; the
+    signed file, which holds each run's head, is what proves nothing before it changed.
+    """
+
+    seq = models.BigIntegerField(unique=True)
+    at = models.DateTimeField()
+    by = models.CharField(max_length=150, blank=True)
+    creations_seq = models.BigIntegerField()
+    creations_hash = models.CharField(max_length=64, blank=True)
+    runs = models.BigIntegerField()
+    heads_digest = models.CharField(max_length=64)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"checkpoint #{self.seq} ({self.runs} runs)"

@@ -26,6 +26,7 @@ from django.db import (
 )
 from django.db.models import BooleanField, ExpressionWrapper, JSONField, Q, Value
 
+from .anchors import run_creation_append_in_tx
 from .audit import EventSpec, build_events, insert_events, log_events
 from .canonical import check_payload
 from .engines import Committed, Refused, engine
@@ -232,7 +233,8 @@ def lease_diagnose(lease: Lease, clock: Any, *, seq: int | None = None) -> Lease
 def run_create(
     agent: str, input: Any, *, created_by: str = "", now: datetime, actor: str = ""
 ) -> Run:
-    """Insert a queued run with its ``run.created`` event. The caller checked the agent."""
+    """Insert a queued run with its ``run.created`` event and its entry in the global audit
+    chain. The caller checked the agent."""
     data = check_payload("run input", input)
     with transaction.atomic():
         # JSON null is a valid input: stored as JSON, not as SQL NULL (which the column refuses).
@@ -244,6 +246,7 @@ def run_create(
         rows, seq, head = build_events(run.pk, 0, "", [spec], actor or created_by or "system", now)
         insert_events(rows)
         Run.objects.filter(pk=run.pk).update(event_seq=seq, event_hash=head)
+        run_creation_append_in_tx(run.pk, agent, created_by, now, head)
         transaction.on_commit(notify_ready)
     run.event_seq, run.event_hash = seq, head
     log_events(rows)

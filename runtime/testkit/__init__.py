@@ -25,7 +25,7 @@ Example (pytest, with your agent's tools recording calls in ``ledger``)::
 from ..crashpoints import CrashPoint
 from ..errors import CrashNotReached, InvariantViolation, SimulatedCrash
 from .inprocess import InProcessKit
-from .invariants import Report, Violation, check_invariants, replay
+from .invariants import Report, Violation, check_invariants
 from .ledger import Ledger
 from .operator import APPROVE, REJECT, Decision, decide, resolve_with
 from .process import Exited, ProcessKit
@@ -34,5 +34,5 @@ from .reached import Crash, Reached
 __all__ = [
     "APPROVE", "REJECT", "Crash", "CrashNotReached", "CrashPoint", "Decision", "Exited",
     "InProcessKit", "InvariantViolation", "Ledger", "ProcessKit", "Reached", "Report",
-    "SimulatedCrash", "Violation", "check_invariants", "decide", "replay", "resolve_with",
+    "SimulatedCrash", "Violation", "check_invariants", "decide", "resolve_with",
 ]

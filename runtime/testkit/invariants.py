@@ -98,7 +98,7 @@ def check_invariants(
         out += _approvals_consumed_once(run, events, approvals)
         out += _every_start_ends(run, events)
         out += _nothing_in_flight(run, steps, now)
-        out += _chain_and_replay(run, events, steps, db)
+        out += _chain_and_replay(run, db)
     if reached is not None:
         out += [Violation(5, m.run_id, m.step_index, f"requested crash {m.point} was never "
                           f"reached{': ' + m.detail if m.detail else ''}")
@@ -186,92 +186,10 @@ def _nothing_in_flight(run: Run, steps: dict[int, Step], now: datetime) -> list[
     return found
 
 
-def _chain_and_replay(run: Run, events: list[Event], steps: dict[int, Step],
-                      db: str) -> list[Violation]:
-    """6. Events gapless, hash chain intact, and replaying them gives the run's state."""
+def _chain_and_replay(run: Run, db: str) -> list[Violation]:
+    """6. Events gapless, hash chain intact, and replaying them gives the run's rows
+    (``runtime.replay``, the same check ``verifyaudit`` makes)."""
     checked = verify(run, using=db)
-    if not checked.ok:
-        return [Violation(6, run.pk, None, checked.reason, (checked.broken_seq or 0,))]
-    state = replay(events)
-    found = []
-    for name, value in state.run.items():
-        actual = getattr(run, name)
-        if str(actual) != str(value):
-            found.append(Violation(6, run.pk, None, f"replay gives {name}={value!r}, the run "
-                                   f"row has {actual!r}"))
-    for index, fields in state.steps.items():
-        step = steps.get(index)
-        if step is None:
-            found.append(Violation(6, run.pk, index, "events mention a step that has no row"))
-            continue
-        for name, value in fields.items():
-            if getattr(step, name) != value:
-                found.append(Violation(6, run.pk, index, f"replay gives {name}={value!r}, the "
-                                       f"step row has {getattr(step, name)!r}"))
-    for index in steps.keys() - state.steps.keys():
-        found.append(Violation(6, run.pk, index, "a step row has no events"))
-    return found
-
-
-@dataclass
-class Replayed:
-    run: dict[str, Any] = field(default_factory=dict)
-    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-
-_RUN_STATUS_AFTER = {
-    "run.created": RunStatus.QUEUED, "run.started": RunStatus.RUNNING,
-    "run.resumed": RunStatus.RUNNING, "run.paused": RunStatus.WAITING,
-    "run.released": RunStatus.QUEUED, "approval.granted": RunStatus.QUEUED,
-    "approval.resolved": RunStatus.QUEUED, "run.succeeded": RunStatus.SUCCEEDED,
-    "run.failed": RunStatus.FAILED, "run.cancelled": RunStatus.CANCELLED,
-}
-_STEP_STATUS_AFTER = {
-    "step.started": StepStatus.DECIDING, "step.tool_started": StepStatus.EXECUTING,
-    "step.tool_finished": StepStatus.SUCCEEDED, "step.tool_failed": StepStatus.FAILED,
-    "step.interrupted": StepStatus.INTERRUPTED, "approval.rejected": StepStatus.REJECTED,
-    "policy.denied": StepStatus.FAILED,
-}
-
-
-def replay(events: Iterable[Event]) -> Replayed:
-    """Fold a run's events into the state they describe (status, lease, totals, steps)."""
-    run: dict[str, Any] = {"status": None, "lease_owner": "", "lease_epoch": 0,
-                           "failure_code": "", "llm_requests": 0, "tokens_in": 0,
-                           "tokens_out": 0}
-    steps: dict[int, dict[str, Any]] = {}
-    for e in events:
-        p, idx = e.payload, e.step_index
-        if e.kind in _RUN_STATUS_AFTER:
-            run["status"] = _RUN_STATUS_AFTER[e.kind]
-        if e.kind in ("lease.taken", "lease.taken_over"):
-            run["lease_owner"], run["lease_epoch"] = p["owner"], p["epoch"]
-        elif e.kind == "lease.released":
-            run["lease_owner"] = ""
-        elif e.kind == "run.failed":
-            run["failure_code"] = p.get("code", "")
-            for s in steps.values():  # a run that fails mid-decision fails that step with it
-                if s["status"] == StepStatus.DECIDING:
-                    s["status"] = StepStatus.FAILED
-        elif e.kind == "llm.requested" and p.get("attempt", 1) == 1:  # retries are not new
-            run["llm_requests"] += 1
-        elif e.kind == "llm.responded":
-            run["tokens_in"] += p.get("tokens_in", 0)
-            run["tokens_out"] += p.get("tokens_out", 0)
-        if idx is None:
-            continue
-        step = steps.setdefault(idx, {"status": StepStatus.DECIDING, "attempt": 0})
-        if e.kind in _STEP_STATUS_AFTER:
-            step["status"] = _STEP_STATUS_AFTER[e.kind]
-        if e.kind == "step.tool_started":
-            step["attempt"] = p["attempt"]
-        elif e.kind == "step.decided" and p.get("final"):
-            step["status"], step["result"] = StepStatus.SUCCEEDED, p.get("output")
-        elif e.kind == "step.tool_finished":
-            step["result"] = p.get("result")
-        elif e.kind == "approval.requested":
-            step["status"] = (StepStatus.WAITING if p.get("kind") == ApprovalKind.POLICY
-                              else StepStatus.INTERRUPTED)
-    if run["status"] is None:
-        del run["status"]
-    return Replayed(run, steps)
+    if checked.ok:
+        return []
+    return [Violation(6, run.pk, None, checked.reason, (checked.broken_seq or 0,))]

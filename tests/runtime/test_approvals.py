@@ -338,7 +338,9 @@ def test_stale_approval_is_refused(interrupted, clock):
     with pytest.raises(RunNotResumable):
         resume(run.pk, owner="worker-c", clock=clock, lease_seconds=1)
     assert ledger.count("charge") == 1
-    assert verify(run.pk).ok
+    assert verify(run.pk, replay=False).ok  # the refusal wrote nothing to the chain
+    audit = verify(run.pk)  # and the audit names the edit made behind its back
+    assert not audit.ok and "step 1: arguments is" in audit.reason
 
 
 def _approved_then_altered(interrupted, clock) -> tuple[Run, Approval, Ledger, Approval]:
@@ -388,7 +390,9 @@ def test_stale_approval_is_refused_when_it_would_be_consumed(interrupted, clock)
     # a new question, bound to the request as it now stands
     assert fresh.pk != approval.pk and fresh.arguments == {"amount": 500}
     assert fresh.digest == request_digest("charge", {"amount": 500}, "side_effect")
-    assert verify(run.pk).ok
+    assert verify(run.pk, replay=False).ok
+    audit = verify(run.pk)  # the edit behind the runtime's back stays on the record
+    assert not audit.ok and "step 1: arguments is" in audit.reason
 
 
 def test_stale_approval_reasked_shows_the_request_it_now_approves(interrupted, clock):

@@ -75,9 +75,10 @@ def test_verify_finds_a_row_altered_behind_the_triggers_back(finished_runs):
 
     with pytest.raises(CommandError, match="1 of 3 runs"):
         call_command("verifyaudit")
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match="1 of 1 runs"):
         call_command("verifyaudit", run=run.pk)
-    call_command("verifyaudit", run=untouched.pk)  # exits cleanly
+    with pytest.raises(CommandError, match="0 of 1 runs"):  # the dropped triggers still count
+        call_command("verifyaudit", run=untouched.pk)
 
 
 def test_verify_finds_a_deleted_event(finished_runs):

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from runtime.anchors import creation_hash
 from runtime.audit import build_events
 from runtime.canonical import dumps
-from runtime.models import Approval, Event, Run, Step, Worker
+from runtime.models import Approval, Event, Run, RunCreation, Step, Worker
 
 from .loaders import Table
 from .plan import Planner
@@ -26,7 +27,7 @@ class Builder(Planner):
         self.loader, self.sizes, self.now = loader, sizes, now
         self.rng = random.Random(SEED)
         self.owners = Owners(self.rng)
-        self.tables = {m: Table(m) for m in (Run, Step, Approval, Event, Worker)}
+        self.tables = {m: Table(m) for m in (Run, Step, Approval, Event, RunCreation, Worker)}
         self._approval_id = 0
         self.counts: Counter[str] = Counter()
         self.kinds: Counter[str] = Counter()
@@ -45,18 +46,27 @@ class Builder(Planner):
         self.rng = random.Random(SEED + 2)
         dt = self.loader.dt
         step_id = event_id = 0
-        t_run, t_step, t_approval, t_event = (self.tables[m] for m in (Run, Step, Approval,
-                                                                       Event))
+        t_run, t_step, t_approval, t_event, t_creation = (
+            self.tables[m] for m in (Run, Step, Approval, Event, RunCreation))
         chunk = 2_000
+        creations = ""  # the global chain's head
         for lo in range(0, len(shapes), chunk):
             rows: dict[Table, list[tuple]] = {t_run: [], t_step: [], t_approval: [],
-                                              t_event: []}
+                                              t_event: [], t_creation: []}
             for run_id in range(lo + 1, min(lo + chunk, len(shapes)) + 1):
                 shape = shapes[run_id - 1]
                 st = self.story(run_id, shape, run_id / len(shapes))
                 seq, head = 0, ""
                 for at, actor, specs in st.commits:
                     built, seq, head = build_events(run_id, seq, head, specs, actor, at)
+                    if built[0].seq == 1:
+                        creations = creation_hash(
+                            creations, seq=run_id, run_id=run_id, agent=st.agent,
+                            created_by=st.creator, at=st.created, first_hash=built[0].hash)
+                        rows[t_creation].append(t_creation.row({
+                            "id": run_id, "seq": run_id, "run_id": run_id, "agent": st.agent,
+                            "created_by": st.creator, "at": dt(st.created),
+                            "first_hash": built[0].hash, "hash": creations}))
                     at_db = dt(at)
                     for e in built:
                         event_id += 1

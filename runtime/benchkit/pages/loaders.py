@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import BooleanField, DecimalField, JSONField, Model
 
 from runtime.canonical import dumps
-from runtime.models import Approval, Event, Run, Step, Worker
+from runtime.models import Approval, Event, Run, RunCreation, Step, Worker
 
 
 def _default(field: Any) -> Any:
@@ -108,7 +108,7 @@ class PostgresLoader:
 
     def close(self) -> None:
         with self.conn.cursor() as cur:
-            for model in (Run, Step, Approval, Event, Worker):
+            for model in (Run, Step, Approval, Event, RunCreation, Worker):
                 table = model._meta.db_table
                 cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
                             f'(SELECT COALESCE(MAX(id), 1) FROM "{table}"))')

@@ -224,7 +224,6 @@ class Story:
                                                  "kind": approval["kind"],
                                                  "decided_by": approval["decided_by"]},
                            step["index"]))
-            approval.update(status="consumed", consumed_at=self.t)
         events.append(("step.tool_started", {"tool": step["tool"], "effect": step["effect"],
                                              "attempt": step["attempt"],
                                              "dispatches": dispatches}, step["index"]))
@@ -233,6 +232,8 @@ class Story:
         else:
             self.later(0.01, 0.2)
             self.commit(self.owner, *events)
+        if approval is not None:  # at the time of the commit that consumed it
+            approval.update(status="consumed", consumed_at=self.commits[-1][0])
         if dispatches:
             self.later(0.001, 0.02)
             step["dispatched_attempt"] = step["attempt"]
@@ -257,8 +258,9 @@ class Story:
         """The final answer: a step deciding it, the run succeeded, the lease released."""
         step = self.start_step()
         self.later(0.4, 3.0)
+        responded = self._responded(step)  # moves the clock to the commit's time
         step.update(status="succeeded", result=output, finished_at=self.t)
-        self.commit(self.owner, self._responded(step),
+        self.commit(self.owner, responded,
                     ("step.decided", {"final": True, "output": output}, step["index"]),
                     ("run.succeeded", {"output": output}, None), self.released("succeeded"))
         self.row["output"] = output
