@@ -6,6 +6,7 @@ Screenshots of each page land in ``test-output/screenshots/``."""
 
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
@@ -196,3 +197,26 @@ def test_the_admin_audit_log_is_readable_at_1280(interrupted, make_user, log_in)
         re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC$"))
     expect(page.get_by_test_id("pending-count")).to_have_text("3")  # the console's nav
     shot(page, "admin-events.png")
+
+
+def test_the_admin_shows_the_global_audit_chain_and_the_checkpoints(interrupted, make_user,
+                                                                     log_in, settings):
+    from django.core.management import call_command
+
+    runs = [interrupted() for _ in range(3)]
+    settings.RUNTIME = {**settings.RUNTIME, "AUDIT_KEY": "a" * 40}
+    call_command("auditcheckpoint", "--by", "ada", stdout=io.StringIO())
+    make_user("ada", superuser=True, password=PASSWORD)
+    page = log_in("ada")
+    page.goto("/admin/runtime/runcreation/")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.first.locator("td.field-run_id")).to_have_text(str(runs[-1].run.pk))
+    assert page.evaluate("() => document.documentElement.scrollWidth <= innerWidth")
+    shot(page, "admin-run-creations.png")
+    page.goto("/admin/runtime/auditcheckpoint/")
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    expect(page.locator("#result_list td.field-runs")).to_have_text("3")
+    expect(page.locator("#result_list td.field-by")).to_have_text("ada")
+    assert page.evaluate("() => document.documentElement.scrollWidth <= innerWidth")
+    shot(page, "admin-checkpoints.png")
