@@ -302,9 +302,20 @@ def replay_problems(run_id: int, using: str = "default") -> list[str]:
         return [f"run {run_id}: no run row"]
     events = (Event.objects.using(using).filter(run_id=run_id).order_by("seq")
               .values_list("kind", "step_index", "payload", "at").iterator(chunk_size=2000))
+    steps = list(Step.objects.using(using).filter(run_id=run_id))
+    approvals = list(Approval.objects.using(using).filter(run_id=run_id))
+    return replay_compare(row, events, steps, approvals)
+
+
+def replay_compare(row: Run, events: Iterable[tuple[str, int | None, Any, datetime]],
+                   step_rows: Iterable[Step], approval_rows: Iterable[Approval]) -> list[str]:
+    """``replay_problems`` on rows already read: the run, its (kind, step_index, payload, at)
+    events in sequence order, and all its steps and approvals (``verifyaudit`` reads many
+    runs' rows in a few queries)."""
+    run_id = row.pk
     state = replay_events(events)
-    steps = {s.index: s for s in Step.objects.using(using).filter(run_id=run_id)}
-    approvals = {a.pk: a for a in Approval.objects.using(using).filter(run_id=run_id)}
+    steps = {s.index: s for s in step_rows}
+    approvals = {a.pk: a for a in approval_rows}
     where = f"run {run_id}"
     out = [f"{where}: {text}" for text in state.unreadable]
     if not state.run.created:

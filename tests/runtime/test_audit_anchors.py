@@ -338,3 +338,14 @@ def test_the_migration_enters_existing_runs_into_the_global_chain(runs):
     assert entries == [(n, r.pk) for n, r in enumerate(sorted(runs, key=lambda r: r.pk), 1)]
     assert list(creations_verify()) == []
     assert triggers_problems() == []
+
+
+def test_verifyaudit_reads_runs_in_batches_and_misses_none(runs, monkeypatch):
+    monkeypatch.setattr("runtime.auditcheck._BATCH", 3)  # 4 runs: a full batch and a short one
+    Approval.objects.filter(run_id=runs[3].pk).update(decided_by="mallory")
+    Step.objects.filter(run_id=runs[0].pk, index=1).update(result={"forged": True})
+    err = io.StringIO()
+    with pytest.raises(CommandError, match="2 of 4 runs broken"):
+        call_command("verifyaudit", stdout=io.StringIO(), stderr=err)
+    assert f"run {runs[0].pk} step 1: result" in err.getvalue()
+    assert f"run {runs[3].pk} approval" in err.getvalue()
