@@ -84,6 +84,8 @@ def _decide(
         raise InvalidDecision(approval_id, "no such approval") from None
     if approval.status != ApprovalStatus.PENDING:
         raise _already_decided(approval)
+    if approval.expires_at is not None and approval.expires_at <= now:
+        raise _too_late(approval)
     if status == ApprovalStatus.RESOLVED and approval.kind not in RESOLVABLE:
         raise InvalidDecision(approval_id, "resolve applies to interrupted steps only; "
                               "a policy approval is approved or rejected")
@@ -99,8 +101,8 @@ def _decide(
                                "the request this approval was for", status=approval.status)
     plan = Plan(run_id=run.pk, at=now, actor=by, head=run.event_hash,
                 fence=Fence(seq=run.event_seq, status=(RunStatus.WAITING,)))
-    plan.approval_move(approval.pk, ApprovalStatus.PENDING, status=status, decided_by=by,
-                       decided_at=now, note=note, result=result)
+    plan.approval_move(approval.pk, ApprovalStatus.PENDING, open_at=now, status=status,
+                       decided_by=by, decided_at=now, note=note, result=result)
     _effects(plan, approval, status, by, note, result)
     try:
         committed = engine().commit(plan, SYSTEM_CLOCK)
@@ -108,6 +110,8 @@ def _decide(
         approval.refresh_from_db()
         if approval.status != ApprovalStatus.PENDING:
             raise _already_decided(approval) from None
+        if approval.expires_at is not None and approval.expires_at <= now:
+            raise _too_late(approval) from None
         raise ApprovalConflict(approval_id, "the run changed while deciding; try again",
                                status=approval.status) from None
     log_events(committed.rows)
@@ -163,6 +167,48 @@ def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,
         plan.step_update(approval.step, status=StepStatus.REJECTED, finished_at=plan.at)
         plan.run.update(status=RunStatus.FAILED, failure_code=FailureCode.REJECTED,
                         failure_message=message, planned=[])
+
+
+def _too_late(approval: Approval) -> ApprovalConflict:
+    when = approval.expires_at.isoformat(timespec="seconds")
+    return ApprovalConflict(approval.pk, f"already expired at {when}: too late to decide",
+                            status=ApprovalStatus.EXPIRED, decided_at=approval.expires_at)
+
+
+def approvals_expire(now: datetime, *, limit: int = 100) -> list[int]:
+    """End every pending approval whose deadline has passed: ``approval.expired``, the run
+    fails ``approval_expired``, the tool is not called. Each is the same compare-and-set from
+    ``pending`` a decision makes, so of an expiry and a decision exactly one wins. Returns the
+    ids this call expired."""
+    due = list(Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
+               .select_related("run", "step").order_by("expires_at")[:limit])
+    expired = []
+    for approval in due:
+        run, step = approval.run, approval.step
+        plan = Plan(run_id=run.pk, at=now, actor="system", head=run.event_hash,
+                    fence=Fence(seq=run.event_seq, status=(RunStatus.WAITING,)))
+        plan.approval_move(approval.pk, ApprovalStatus.PENDING, expired_by=now,
+                           status=ApprovalStatus.EXPIRED, decided_at=now)
+        when = approval.expires_at.isoformat(timespec="seconds")
+        message = (f"nobody decided on the call to {approval.tool} on step {step.index} "
+                   f"before its deadline ({when})")
+        plan.event("approval.expired", {"approval_id": approval.pk, "kind": approval.kind,
+                                        "expires_at": approval.expires_at.isoformat(
+                                            timespec="microseconds"), "message": message},
+                   step.index)
+        plan.event("run.failed", {"code": FailureCode.APPROVAL_EXPIRED.value,
+                                  "message": message})
+        if step.status == StepStatus.WAITING:  # a policy question: the call never started
+            plan.step_update(step, status=StepStatus.FAILED, error=message, finished_at=now)
+        plan.run.update(status=RunStatus.FAILED, failure_code=FailureCode.APPROVAL_EXPIRED,
+                        failure_message=message, planned=[])
+        try:
+            committed = engine().commit(plan, SYSTEM_CLOCK)
+        except Refused:
+            continue  # decided, cancelled or expired by someone else first
+        log_events(committed.rows)
+        expired.append(approval.pk)
+    return expired
 
 
 def _already_decided(approval: Approval) -> ApprovalConflict:

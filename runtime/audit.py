@@ -27,7 +27,7 @@ EVENT_KINDS = frozenset(
         "llm.responded", "llm.failed", "approval.requested", "approval.granted",
         "approval.rejected",
         "approval.resolved", "approval.consumed", "approval.cancelled", "reconcile.decided",
-        "policy.denied", "side_effect.auto_confirmed",
+        "policy.denied", "side_effect.auto_confirmed", "approval.expired",
     ]
 )
 
@@ -39,6 +39,7 @@ class EventSpec:
     kind: str
     payload: dict[str, Any]
     step_index: int | None = None
+    actor: str | None = None  # when not the commit's own (a schedule's standing authorization)
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -104,10 +105,12 @@ def build_events(
         seq += 1
         text = dumps(spec.payload)
         step = "null" if spec.step_index is None else str(int(spec.step_index))
-        body = f'{prefix}{_str(spec.kind)},"payload":{text}{suffix}{seq},"step":{step}}}'
+        own = prefix if spec.actor is None else (
+            f'{{"actor":{_str(spec.actor)},"at":"{_iso(at)}","kind":')
+        body = f'{own}{_str(spec.kind)},"payload":{text}{suffix}{seq},"step":{step}}}'
         head = hashlib.sha256((head + "\n" + body).encode()).hexdigest()
-        rows.append(EventRow(run_id, spec.step_index, seq, spec.kind, spec.payload, text, actor,
-                             at, head))
+        rows.append(EventRow(run_id, spec.step_index, seq, spec.kind, spec.payload, text,
+                             actor if spec.actor is None else spec.actor, at, head))
     return rows, seq, head
 
 

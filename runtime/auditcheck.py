@@ -21,8 +21,10 @@ from .anchors import creations_verify
 from .audit import EVENT_COLUMNS, chain_check, replay_verdict
 from .checkpoint import checkpoint_verify
 from .replay import replay_compare
+from .schedulecheck import schedules_problems
 
-APPEND_ONLY_TABLES = ("runtime_event", "runtime_runcreation", "runtime_auditcheckpoint")
+APPEND_ONLY_TABLES = ("runtime_event", "runtime_runcreation", "runtime_auditcheckpoint",
+                      "runtime_scheduleevent")
 
 
 def expected_triggers(vendor: str) -> dict[str, str]:
@@ -123,6 +125,8 @@ def audit_check(*, using: str = "default", run_id: int | None = None,
     for line in triggers_problems(using):
         problem(line)
     for line in creations_verify(using):
+        problem(line)
+    for line in schedules_problems(using):
         problem(line)
     out.creations = RunCreation.objects.using(using).count()
     runs = Run.objects.using(using).order_by("pk")

@@ -210,3 +210,19 @@ class CheckpointRefused(AgentRuntimeError):
     def __init__(self, path: str, reason: str) -> None:
         self.path, self.reason = path, reason
         super().__init__(f"{path}: {reason}" if path else reason)
+
+
+class InvalidSchedule(AgentRuntimeError):
+    """A schedule's field is not acceptable (or it changed meanwhile); nothing was written."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+class ScheduleNotFound(AgentRuntimeError):
+    """No schedule has this id (or it was removed)."""
+
+    def __init__(self, schedule_id: Any) -> None:
+        self.schedule_id = schedule_id
+        super().__init__(f"no schedule with id {schedule_id!r}")

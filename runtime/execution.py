@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -35,7 +36,8 @@ from .models import (
     StepStatus,
 )
 from .plan import Add, ApprovalDraft, Plan
-from .policy import Deny, Request, RequireApproval
+from .policy import Deny, Request, RequireApproval, default_expiry_seconds, expiry_seconds
+from .schedules import standing_authorization
 from .store import Lease, lease_commit, lease_plan
 from .tools import Tool
 
@@ -174,9 +176,15 @@ class Execution:
             self.commit(plan)
             return None
         if isinstance(verdict, RequireApproval) and approval is None:
-            self.pause(plan, step, ApprovalKind.POLICY, verdict.title, verdict.detail,
-                       StepStatus.WAITING)
-            return None
+            standing = standing_authorization(self.run, plan.at)
+            if standing is None:
+                self.pause(plan, step, ApprovalKind.POLICY, verdict.title, verdict.detail,
+                           StepStatus.WAITING, expires_in=expiry_seconds(verdict.expires_in))
+                return None
+            # Design §10: the person who authorized the schedule approved this ahead of time.
+            plan.event("side_effect.auto_confirmed", {
+                "reason": "standing authorization", "title": verdict.title, "tool": tool.name,
+                **standing}, step.index, actor=f"schedule:{standing['schedule']}")
         return self.start_tool(plan, step, tool, approval)
 
     def start_tool(self, plan: Plan, step: Step, tool: Tool, approval: Approval | None = None,
@@ -217,17 +225,24 @@ class Execution:
     # -- endings and pauses -------------------------------------------------------------------
 
     def pause(self, plan: Plan, step: Step, kind: str, title: str, detail: str,
-              step_status: str) -> None:
-        """Put the step's request before a person: an approval, the run waiting, no lease."""
+              step_status: str, expires_in: float | None = None) -> None:
+        """Put the step's request before a person: an approval, the run waiting, no lease.
+        With a deadline (the policy's, or the agent's default for other kinds) the approval
+        expires if nobody decides in time."""
+        if expires_in is None and kind != ApprovalKind.POLICY:
+            expires_in = default_expiry_seconds(self.run.agent)
+        expires_at = None if expires_in is None else plan.at + timedelta(seconds=expires_in)
         digest = request_digest(step.tool, step.arguments, step.effect)
         payload = plan.event("approval.requested", {
             "kind": kind, "title": title, "tool": step.tool, "arguments": step.arguments,
             "effect": step.effect, "digest": digest, "attempt": step.attempt,
             "idempotency_key": step.idempotency_key}, step.index)
+        if expires_at is not None:
+            payload["expires_at"] = expires_at.isoformat(timespec="microseconds")
         plan.approval_create = ApprovalDraft(dict(
             run_id=self.run.pk, step_id=step.pk, kind=kind, tool=step.tool,
             arguments=step.arguments, effect=step.effect, digest=digest, title=title[:300],
-            detail=detail, created_at=plan.at), payload)
+            detail=detail, created_at=plan.at, expires_at=expires_at), payload)
         plan.step_update(step, status=step_status)
         plan.event("run.paused", {"reason": kind}, step.index)
         self.release(plan, RunStatus.WAITING)

@@ -27,6 +27,7 @@ class FailureCode(models.TextChoices):
     RECONCILE_CONFLICT = "reconcile_conflict"
     POLICY_DENIED = "policy_denied"
     BUDGET_EXCEEDED = "budget_exceeded"
+    APPROVAL_EXPIRED = "approval_expired"
 
 
 class StepStatus(models.TextChoices):
@@ -75,7 +76,19 @@ class Run(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
+    # Set when an occurrence of a schedule created the run: which one, and the standing
+    # authorization (its time) that was on at that moment, if any.
+    schedule = models.ForeignKey("Schedule", on_delete=models.PROTECT, null=True, blank=True,
+                                 related_name="runs", db_index=False)
+    occurrence_at = models.DateTimeField(null=True, blank=True)
+    authorized_at = models.DateTimeField(null=True, blank=True)
+
     class Meta:
+        constraints = [
+            # One run per occurrence, whatever races the claim loses.
+            models.UniqueConstraint(fields=["schedule", "occurrence_at"],
+                                    name="run_one_per_occurrence"),
+        ]
         indexes = [
             # The worker's claim query: oldest queued first.
             models.Index(fields=["status", "id"], name="run_status_id"),
@@ -160,6 +173,7 @@ class ApprovalStatus(models.TextChoices):
     RESOLVED = "resolved"
     CONSUMED = "consumed"
     CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
 
 class Approval(models.Model):
@@ -181,6 +195,8 @@ class Approval(models.Model):
     note = models.TextField(blank=True)
     result = models.JSONField(null=True, blank=True, help_text="The recovered result of a resolve.")
     consumed_at = models.DateTimeField(null=True, blank=True)
+    # Past this with no decision the approval ends ``expired`` and its run fails.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -192,6 +208,9 @@ class Approval(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "created_at"], name="approval_status_created"),
+            # The expiry sweep: pending approvals by deadline (most have none).
+            models.Index(fields=["status", "expires_at"], name="approval_status_expires",
+                         condition=models.Q(expires_at__isnull=False)),
         ]
         permissions = [("decide_approval", "Can approve, reject or resolve approvals")]
 
@@ -271,3 +290,58 @@ class AuditCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return f"checkpoint #{self.seq} ({self.runs} runs)"
+
+
+class Schedule(models.Model):
+    """Runs of an agent created on a cron expression or a fixed interval, in a time zone.
+
+    Every change is an event of the schedule's own hash chain (``ScheduleEvent``), made only by
+    ``runtime.schedules``; ``next_fire_at`` is the occurrence a worker claims next (a
+    compare-and-set on it makes one occurrence one run)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    agent = models.CharField(max_length=200)
+    input = models.JSONField()
+    cron = models.CharField(max_length=100, blank=True)
+    interval_seconds = models.IntegerField(null=True, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    enabled = models.BooleanField(default=True)
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    # Removed schedules stay (their runs and events refer to them), disabled and unlisted.
+    removed_at = models.DateTimeField(null=True, blank=True)
+    # The standing authorization: who turned it on and when (kept when turned off, for the page).
+    authorize_side_effects = models.BooleanField(default=False)
+    authorized_by = models.CharField(max_length=150, blank=True)
+    authorized_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    event_seq = models.BigIntegerField(default=0)
+    event_hash = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["enabled", "next_fire_at"], name="schedule_due")]
+        permissions = [("manage_schedule", "Can create, edit and authorize schedules")]
+
+    def __str__(self) -> str:
+        return f"schedule {self.name}"
+
+
+class ScheduleEvent(models.Model):
+    """One change of a schedule, hash-chained per schedule; append-only like run events."""
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="events",
+                                 db_index=False)
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=40)
+    payload = models.JSONField(default=dict)
+    actor = models.CharField(max_length=255)
+    at = models.DateTimeField()
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["schedule", "seq"],
+                                               name="schedule_event_seq_unique")]
+
+    def __str__(self) -> str:
+        return f"schedule {self.schedule_id} #{self.seq} {self.kind}"

@@ -75,6 +75,10 @@ class ApprovalMove:
     from_status: str
     fields: dict[str, Any]
     required: bool = True
+    # A decision must come before the approval's deadline (``open_at`` is the decision's time);
+    # an expiry only after it (``expired_by``).
+    open_at: datetime | None = None
+    expired_by: datetime | None = None
 
 
 @dataclass
@@ -95,8 +99,9 @@ class Plan:
     approval_moves: list[ApprovalMove] = field(default_factory=list)
     after: list[tuple[CrashPoint, int | None]] = field(default_factory=list)
 
-    def event(self, kind: str, payload: dict[str, Any], step: int | None = None) -> dict:
-        self.events.append(EventSpec(kind, payload, step))
+    def event(self, kind: str, payload: dict[str, Any], step: int | None = None, *,
+              actor: str | None = None) -> dict:
+        self.events.append(EventSpec(kind, payload, step, actor))
         return payload
 
     @property
@@ -125,9 +130,11 @@ class Plan:
         else:
             pending[1].update(fields)
 
-    def approval_move(self, pk: int, from_status: str, required: bool = True,
+    def approval_move(self, pk: int, from_status: str, required: bool = True, *,
+                      open_at: datetime | None = None, expired_by: datetime | None = None,
                       **fields: Any) -> None:
-        self.approval_moves.append(ApprovalMove(pk, from_status, fields, required))
+        self.approval_moves.append(ApprovalMove(pk, from_status, fields, required, open_at,
+                                                expired_by))
 
     def crash_after(self, point: CrashPoint, step: int | None) -> None:
         self.after.append((point, step))

@@ -61,7 +61,7 @@ REPLAYED_KINDS = frozenset({
     "step.tool_finished", "step.tool_failed", "step.interrupted", "llm.requested",
     "llm.responded", "llm.failed", "approval.requested", "approval.granted", "approval.rejected",
     "approval.resolved", "approval.consumed", "approval.cancelled", "reconcile.decided",
-    "policy.denied", "side_effect.auto_confirmed",
+    "policy.denied", "side_effect.auto_confirmed", "approval.expired",
 })
 
 
@@ -87,6 +87,9 @@ class RunState:
     cost: Decimal = Decimal(0)
     responses: int = 0
     planned: int = 0
+    schedule_id: int | None = None
+    occurrence_at: datetime | None = None
+    authorized_at: datetime | None = None
 
 
 @dataclass
@@ -132,6 +135,7 @@ class ApprovalState:
     note: str = ""
     result: Any = None
     consumed_at: datetime | None = None
+    expires_at: datetime | None = None
 
 
 @dataclass
@@ -165,6 +169,10 @@ def replay_events(events: Iterable[tuple[str, int | None, Any, datetime]]) -> Re
             run.created, run.status, run.created_at = True, RunStatus.QUEUED, at
             run.agent, run.input = p.get("agent", ""), p.get("input")
             run.created_by = p.get("created_by", "")
+            origin = p.get("schedule") or {}
+            run.schedule_id = origin.get("id")
+            run.occurrence_at = _parse_time(origin.get("occurrence"))
+            run.authorized_at = _parse_time(origin.get("authorized_at"))
         elif kind in ("run.started", "run.resumed"):
             run.status = RunStatus.RUNNING
         elif kind in ("lease.taken", "lease.taken_over"):
@@ -261,7 +269,8 @@ def _requested(out: Replayed, step: StepState, p: dict[str, Any], at: datetime) 
         return
     out.approvals[pk] = ApprovalState(
         pk, step.index, kind, p.get("tool", ""), p.get("arguments"), p.get("effect", ""),
-        p.get("digest", ""), str(p.get("title", ""))[:300], at)
+        p.get("digest", ""), str(p.get("title", ""))[:300], at,
+        expires_at=_parse_time(p.get("expires_at")))
 
 
 def _decided(a: ApprovalState, step: StepState, kind: str, p: dict[str, Any],
@@ -279,17 +288,22 @@ def _decided(a: ApprovalState, step: StepState, kind: str, p: dict[str, Any],
         a.status, a.consumed_at = ApprovalStatus.CONSUMED, at
     elif kind == "approval.cancelled":
         a.status = ApprovalStatus.CANCELLED
+    elif kind == "approval.expired":
+        a.status, a.decided_at = ApprovalStatus.EXPIRED, at
+        if step.status == StepStatus.WAITING:  # a policy question: the call never started
+            step.end(StepStatus.FAILED, at, error=p.get("message", ""))
 
 
 # -- comparing ----------------------------------------------------------------------------------
 
 RUN_FIELDS = ("agent", "input", "created_by", "created_at", "status", "failure_code",
               "failure_message", "output", "lease_owner", "lease_epoch", "llm_requests",
-              "tokens_in", "tokens_out")
+              "tokens_in", "tokens_out", "schedule_id", "occurrence_at", "authorized_at")
 STEP_FIELDS = ("status", "tool", "arguments", "effect", "idempotency_key", "result", "error",
                "attempt", "dispatches", "dispatched_attempt", "started_at", "finished_at")
 APPROVAL_FIELDS = ("kind", "status", "tool", "arguments", "effect", "digest", "title",
-                   "decided_by", "decided_at", "note", "result", "created_at", "consumed_at")
+                   "decided_by", "decided_at", "note", "result", "created_at", "consumed_at",
+                   "expires_at")
 JSON_FIELDS = frozenset({"input", "output", "arguments", "result"})
 
 
@@ -399,6 +413,16 @@ def _whole(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_whole(v) for v in value]
     return value
+
+
+def _parse_time(text: Any) -> datetime | None:
+    """An event's ISO time, or None (absent, or not a time: then the row comparison shows it)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def _show(value: Any) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+from .approvals import approvals_expire
 from .backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from .backends.sqlite3.base import writer_stats
 from .claims import Acquired, acquired_crash_points, run_claim_next, run_release
@@ -34,11 +35,13 @@ from .models import Run
 from .models import Worker as WorkerRow
 from .procs import boot_id, hostname, own_process_start, owner_provably_dead
 from .protocol import protocol_check
+from .schedules import schedules_fire_due
 from .store import DATABASE_FAULTS, Lease, pause_after_fault
 
 log = logging.getLogger("runtime.worker")
 
 WATCH_SECONDS = 0.05  # how often an idle worker looks for other connections' commits
+HOUSEKEEPING_SECONDS = 0.5  # how often a worker fires due schedules and expires approvals
 DEAD_OWNERS_SECONDS = 1.0  # how stale the list of this host's dead workers may be
 
 
@@ -77,6 +80,7 @@ class Worker:
         self.driver = Driver(self.owner, lease_seconds=self.lease_seconds, clock=clock,
                              keeper=self.keeper, owner_is_dead=self._owner_is_dead)
         self._stop = threading.Event()
+        self._next_housekeeping = 0.0
         self._wake = Wakeup()
         self._lock = threading.Lock()
         # Run id -> (set when the run is done here, its lease), for every run in flight.
@@ -116,6 +120,7 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     seen = _data_version()  # before the claim: a commit during it wakes us
+                    self._housekeep()
                     claimed = self._fill_slots()
                 except ProtocolMismatch as exc:
                     log.error("worker %s: %s", self.owner, exc)
@@ -209,6 +214,27 @@ class Worker:
         connection.close()
 
     # -- claiming -----------------------------------------------------------------------------
+
+    def _housekeep(self) -> None:
+        """Fire the schedules' due occurrences and expire approvals past their deadline (any
+        worker may: each is a compare-and-set, so two workers doing it at once do it once). A
+        database fault goes to the loop's back-off; anything else is logged, never fatal."""
+        if time.monotonic() < self._next_housekeeping:
+            return
+        self._next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
+        now = self.clock.now()
+        try:
+            fired = schedules_fire_due(now)
+            expired = approvals_expire(now)
+        except DATABASE_FAULTS:
+            raise
+        except Exception:
+            log.exception("worker %s: firing schedules or expiring approvals failed", self.owner)
+            return
+        if fired:
+            log.info("worker %s: fired %d scheduled run(s): %s", self.owner, len(fired), fired)
+        if expired:
+            log.info("worker %s: %d approval(s) expired: %s", self.owner, len(expired), expired)
 
     def _running(self) -> int:
         with self._lock:

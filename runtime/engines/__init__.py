@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import Q
 
 from ..audit import EventRow
 from ..plan import Plan
@@ -103,7 +104,11 @@ def move_approvals(plan: Plan) -> None:
     from ..models import Approval
 
     for move in plan.approval_moves:
-        moved = Approval.objects.filter(pk=move.pk, status=move.from_status).update(
-            **move.fields)
+        found = Approval.objects.filter(pk=move.pk, status=move.from_status)
+        if move.open_at is not None:
+            found = found.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=move.open_at))
+        if move.expired_by is not None:
+            found = found.filter(expires_at__lte=move.expired_by)
+        moved = found.update(**move.fields)
         if move.required and moved != 1:
             raise Refused(f"approval {move.pk} is no longer {move.from_status}", move.pk)

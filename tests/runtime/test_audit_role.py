@@ -45,7 +45,7 @@ def test_the_printed_grants_are_the_applied_ones(edb, app_role):
     assert f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{app_role}";' \
         in printed
     assert "REVOKE UPDATE, DELETE, TRUNCATE ON runtime_event, runtime_runcreation, " \
-        f'runtime_auditcheckpoint FROM "{app_role}";' in printed
+        f'runtime_auditcheckpoint, runtime_scheduleevent FROM "{app_role}";' in printed
 
 
 def test_an_application_role_runs_everything_and_cannot_touch_the_audit_log(edb, app_role,

@@ -610,8 +610,8 @@ def test_a_missing_run_and_a_run_without_events_are_reported(edb, tmp_path, cloc
 def test_replay_knows_every_event_kind_and_reports_one_it_does_not(edb, tmp_path, clock):
     assert REPLAYED_KINDS == EVENT_KINDS  # a new kind needs its meaning taught to replay
     state = replay_events([("run.created", None, {"agent": "a", "input": 1}, clock.now()),
-                           ("approval.expired", 1, {"approval_id": 3}, clock.now())])
-    assert state.unreadable == ["event #2 is of kind 'approval.expired', which replay does "
+                           ("approval.teleported", 1, {"approval_id": 3}, clock.now())])
+    assert state.unreadable == ["event #2 is of kind 'approval.teleported', which replay does "
                                 "not know: the rows cannot be vouched for"]
 
 

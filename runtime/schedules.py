@@ -1,0 +1,346 @@
+"""Schedules: runs created on a cron expression or an interval, and their standing authorization.
+
+Every change to a schedule (created, edited, enabled or disabled, authorization on or off,
+removed) is an event of the schedule's own hash chain, written in the same transaction, with
+the person and the old and new values. Workers fire due occurrences: each occurrence is one
+compare-and-set of the schedule's ``next_fire_at`` from that occurrence to the next, in the
+transaction that creates its run, and the run's (schedule, occurrence) is unique, so however
+many workers race, one occurrence makes one run.
+
+Missed occurrences (no worker ran) are fired once: the latest one due, with the number of
+earlier ones skipped recorded on the run's ``run.created`` event; the next fire time is then
+the first occurrence after now. Cron expressions are read in the schedule's time zone (a
+02:30 that a spring-forward skips fires at 03:00; an hour repeated in autumn fires a daily
+schedule once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from django.db import IntegrityError, transaction
+
+from .agents import get_agent
+from .canonical import check_payload, dumps
+from .errors import InvalidSchedule, ScheduleNotFound, UnknownAgent
+from .models import Run, Schedule, ScheduleEvent
+
+log = logging.getLogger("runtime.schedules")
+
+CRON_ALIASES = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight",
+                          "@hourly"})
+MIN_INTERVAL_SECONDS = 1
+MAX_INTERVAL_SECONDS = 366 * 24 * 3600
+MAX_SKIPPED_COUNTED = 10_000  # past this, "at least" (counting a year of minutes costs seconds)
+EDITABLE = ("agent", "input", "cron", "interval_seconds", "timezone")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a schedule fires: a cron expression in a zone, or a fixed interval."""
+
+    cron: str
+    interval_seconds: int | None
+    zone: ZoneInfo
+
+    def after(self, at: datetime) -> datetime:
+        """The first occurrence strictly after ``at`` (UTC)."""
+        if self.interval_seconds:
+            return at + timedelta(seconds=self.interval_seconds)
+        nxt = croniter(self.cron, at.astimezone(self.zone)).get_next(datetime)
+        return nxt.astimezone(UTC)
+
+    def period(self, occurrence: datetime) -> timedelta:
+        """How long until the occurrence after ``occurrence``: a run older than this is a
+        leftover of an earlier firing."""
+        return self.after(occurrence) - occurrence
+
+    def due(self, first: datetime, now: datetime) -> tuple[datetime, datetime, int]:
+        """For a schedule due at ``first`` (<= now): the occurrence to fire (the latest one
+        due), the next fire time (the first after now) and how many were skipped."""
+        if self.interval_seconds:
+            missed = int((now - first).total_seconds() // self.interval_seconds)
+            latest = first + timedelta(seconds=missed * self.interval_seconds)
+            return latest, latest + timedelta(seconds=self.interval_seconds), missed
+        latest, skipped = first, 0
+        nxt = self.after(latest)
+        while nxt <= now:
+            if skipped >= MAX_SKIPPED_COUNTED:  # jump: counting further costs more than it says
+                latest = croniter(self.cron, now.astimezone(self.zone)).get_prev(
+                    datetime).astimezone(UTC)
+                nxt = self.after(now)
+                break
+            latest, skipped = nxt, skipped + 1
+            nxt = self.after(latest)
+        return latest, nxt, skipped
+
+
+def timing(cron: str, interval_seconds: int | None, timezone: str) -> Timing:
+    """Validate when a schedule fires; ``InvalidSchedule`` names the field."""
+    try:
+        zone = ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise InvalidSchedule("timezone", f"{timezone!r} is not a time zone name "
+                              "(e.g. UTC, Europe/Berlin)") from None
+    cron = (cron or "").strip()
+    if bool(cron) == bool(interval_seconds):
+        raise InvalidSchedule("cron", "give either a cron expression or an interval, not both "
+                              "and not neither")
+    if cron:
+        if len(cron) > 100:
+            raise InvalidSchedule("cron", "longer than 100 characters")
+        fields = cron.split()
+        if not (cron.lower() in CRON_ALIASES or len(fields) == 5) or not croniter.is_valid(cron):
+            raise InvalidSchedule("cron", f"{cron!r} is not a cron expression of five fields "
+                                  "(minute hour day month weekday) or one of "
+                                  + ", ".join(sorted(CRON_ALIASES)))
+        return Timing(cron, None, zone)
+    if isinstance(interval_seconds, bool) or not isinstance(interval_seconds, int) or not (
+            MIN_INTERVAL_SECONDS <= interval_seconds <= MAX_INTERVAL_SECONDS):
+        raise InvalidSchedule("interval_seconds", f"an interval is a whole number of seconds "
+                              f"from {MIN_INTERVAL_SECONDS} to {MAX_INTERVAL_SECONDS}")
+    return Timing("", interval_seconds, zone)
+
+
+def schedule_timing(schedule: Schedule) -> Timing:
+    return timing(schedule.cron, schedule.interval_seconds, schedule.timezone)
+
+
+# -- the schedule's own audit chain ----------------------------------------------------------
+
+
+def schedule_event_hash(prev: str, *, schedule_id: int, seq: int, kind: str, payload: Any,
+                        actor: str, at: datetime) -> str:
+    body = dumps({"schedule": schedule_id, "seq": seq, "kind": kind, "payload": payload,
+                  "actor": actor, "at": at.astimezone(UTC).isoformat(timespec="microseconds")})
+    return hashlib.sha256((prev + "\n" + body).encode()).hexdigest()
+
+
+def _append_in_tx(schedule: Schedule, kind: str, payload: dict[str, Any], actor: str,
+                  at: datetime) -> None:
+    """Append one event to the schedule's chain and move its head (a compare-and-set on the
+    head, so two edits at once cannot both chain after the same event)."""
+    seq = schedule.event_seq + 1
+    digest = schedule_event_hash(schedule.event_hash, schedule_id=schedule.pk, seq=seq,
+                                 kind=kind, payload=payload, actor=actor, at=at)
+    moved = Schedule.objects.filter(pk=schedule.pk, event_seq=schedule.event_seq).update(
+        event_seq=seq, event_hash=digest)
+    if moved != 1:
+        raise InvalidSchedule("schedule", "changed by someone else meanwhile; try again")
+    ScheduleEvent.objects.create(schedule_id=schedule.pk, seq=seq, kind=kind, payload=payload,
+                                 actor=actor, at=at, hash=digest)
+    schedule.event_seq, schedule.event_hash = seq, digest
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _check_agent_and_input(agent: str, input: Any) -> Any:
+    try:
+        get_agent(agent)
+    except UnknownAgent as exc:
+        raise InvalidSchedule("agent", str(exc)) from None
+    try:
+        return check_payload("schedule input", input)
+    except Exception as exc:  # InvalidPayload: the reason is the message
+        raise InvalidSchedule("input", str(exc)) from None
+
+
+# -- changes, each with its event --------------------------------------------------------------
+
+
+def schedule_create(name: str, agent: str, input: Any, *, by: str, now: datetime,
+                    cron: str = "", interval_seconds: int | None = None,
+                    timezone: str = "UTC", enabled: bool = True) -> Schedule:
+    """A new schedule (its first occurrence is the first after ``now``); ``schedule.created``
+    records every field. Standing authorization starts off: it is turned on on its own."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise InvalidSchedule("name", "a name of 1 to 100 characters is needed")
+    if not by:
+        raise InvalidSchedule("by", "a change needs the name of who made it")
+    when = timing(cron, interval_seconds, timezone)
+    data = _check_agent_and_input(agent, input)
+    try:
+        with transaction.atomic():
+            schedule = Schedule.objects.create(
+                name=name, agent=agent, input=data, cron=when.cron,
+                interval_seconds=when.interval_seconds, timezone=timezone, enabled=enabled,
+                next_fire_at=when.after(now), created_by=by, created_at=now, updated_at=now)
+            _append_in_tx(schedule, "schedule.created", {
+                "name": name, "agent": agent, "input": data, "cron": when.cron,
+                "interval_seconds": when.interval_seconds, "timezone": timezone,
+                "enabled": enabled, "next_fire_at": _iso(schedule.next_fire_at)}, by, now)
+    except IntegrityError:
+        raise InvalidSchedule("name", f"a schedule named {name!r} exists") from None
+    return schedule
+
+
+def _locked(schedule_id: int) -> Schedule:
+    schedule = Schedule.objects.select_for_update().filter(
+        pk=schedule_id, removed_at__isnull=True).first()
+    if schedule is None:
+        raise ScheduleNotFound(schedule_id)
+    return schedule
+
+
+def schedule_update(schedule_id: int, *, by: str, now: datetime, **changes: Any) -> Schedule:
+    """Change what and when a schedule runs (``EDITABLE`` fields); ``schedule.updated`` holds
+    each changed field's old and new value. A new timing starts from ``now``."""
+    unknown = set(changes) - set(EDITABLE)
+    if unknown:
+        raise InvalidSchedule(sorted(unknown)[0], "cannot be changed this way")
+    if not by:
+        raise InvalidSchedule("by", "a change needs the name of who made it")
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        new = {f: changes.get(f, getattr(schedule, f)) for f in EDITABLE}
+        when = timing(new["cron"], new["interval_seconds"], new["timezone"])
+        new["cron"], new["interval_seconds"] = when.cron, when.interval_seconds
+        new["input"] = _check_agent_and_input(new["agent"], new["input"])
+        diff = {f: {"old": getattr(schedule, f), "new": new[f]} for f in EDITABLE
+                if dumps(getattr(schedule, f)) != dumps(new[f])}
+        if not diff:
+            return schedule
+        if {"cron", "interval_seconds", "timezone"} & diff.keys():
+            old_next = schedule.next_fire_at
+            schedule.next_fire_at = when.after(now)
+            diff["next_fire_at"] = {"old": _iso(old_next), "new": _iso(schedule.next_fire_at)}
+        for f in EDITABLE:
+            setattr(schedule, f, new[f])
+        schedule.updated_at = now
+        schedule.save(update_fields=[*EDITABLE, "next_fire_at", "updated_at"])
+        _append_in_tx(schedule, "schedule.updated", {"changes": diff}, by, now)
+    return schedule
+
+
+def schedule_set_enabled(schedule_id: int, enabled: bool, *, by: str, now: datetime) -> Schedule:
+    """Enable (from the first occurrence after now: nothing missed is fired) or disable."""
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.enabled == enabled:
+            return schedule
+        old_next = schedule.next_fire_at
+        if enabled:
+            schedule.next_fire_at = schedule_timing(schedule).after(now)
+        schedule.enabled, schedule.updated_at = enabled, now
+        schedule.save(update_fields=["enabled", "next_fire_at", "updated_at"])
+        _append_in_tx(schedule, "schedule.enabled" if enabled else "schedule.disabled", {
+            "enabled": {"old": not enabled, "new": enabled},
+            "next_fire_at": {"old": _iso(old_next), "new": _iso(schedule.next_fire_at)}},
+            by, now)
+    return schedule
+
+
+def schedule_authorize(schedule_id: int, on: bool, *, by: str, now: datetime) -> Schedule:
+    """Turn the standing authorization on (recording who and when: policy approvals of runs
+    fired from now on are granted without a person) or off (runs not yet at that step ask a
+    person again)."""
+    if not by:
+        raise InvalidSchedule("by", "a change needs the name of who made it")
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.authorize_side_effects == on:
+            return schedule
+        old = {"on": schedule.authorize_side_effects, "by": schedule.authorized_by,
+               "at": _iso(schedule.authorized_at)}
+        schedule.authorize_side_effects, schedule.updated_at = on, now
+        if on:
+            schedule.authorized_by, schedule.authorized_at = by, now
+        schedule.save(update_fields=["authorize_side_effects", "authorized_by", "authorized_at",
+                                     "updated_at"])
+        new = {"on": on, "by": schedule.authorized_by, "at": _iso(schedule.authorized_at)}
+        _append_in_tx(schedule, "schedule.authorized" if on else "schedule.unauthorized",
+                      {"authorize_side_effects": {"old": old, "new": new},
+                       "agent": schedule.agent}, by, now)
+    return schedule
+
+
+# -- firing -----------------------------------------------------------------------------------
+
+
+def schedules_fire_due(now: datetime, *, limit: int = 50) -> list[int]:
+    """Fire every due occurrence (at most ``limit`` schedules); the ids of the runs this call
+    created. An occurrence another worker fired first is simply not fired here."""
+    from .store import run_create_in_tx
+
+    due = list(Schedule.objects.filter(enabled=True, next_fire_at__lte=now)
+               .order_by("next_fire_at")[:limit])
+    created = []
+    for schedule in due:
+        when = schedule_timing(schedule)
+        occurrence, nxt, skipped = when.due(schedule.next_fire_at, now)
+        try:
+            get_agent(schedule.agent)
+        except UnknownAgent:
+            agent_known = False
+        else:
+            agent_known = True
+        with transaction.atomic():
+            claimed = Schedule.objects.filter(
+                pk=schedule.pk, enabled=True, next_fire_at=schedule.next_fire_at).update(
+                next_fire_at=nxt)
+            if claimed != 1:
+                continue  # another worker fired it, or someone changed the schedule meanwhile
+            if not agent_known:
+                log.warning("schedule %s: agent %r is not registered here; occurrence %s not "
+                            "fired", schedule.name, schedule.agent, occurrence.isoformat())
+                _append_in_tx(schedule, "schedule.missed", {
+                    "occurrence": _iso(occurrence), "reason": f"unknown agent {schedule.agent}"},
+                    "system", now)
+                continue
+            authorized = schedule.authorized_at if schedule.authorize_side_effects else None
+            run = run_create_in_tx(
+                schedule.agent, schedule.input, created_by=f"schedule:{schedule.name}",
+                now=now, actor=f"schedule:{schedule.name}", origin={
+                    "schedule": schedule, "occurrence_at": occurrence, "skipped": skipped,
+                    "authorized_at": authorized})
+            created.append(run.pk)
+    return created
+
+
+# -- the standing authorization at a step ----------------------------------------------------
+
+
+def standing_authorization(run: Run, now: datetime) -> dict[str, Any] | None:
+    """What authorizes the run's policy approval without a person, or None.
+
+    Only a run an occurrence created, whose schedule had the authorization on at the moment
+    of firing and still has that same authorization on (not turned off, not turned off and on
+    again since), and only while the run is not a leftover: its occurrence is at most one
+    period old. It is asked only for a first start a policy wants approved; an interrupted
+    side effect never gets here (section 7 decides those)."""
+    if run.schedule_id is None or run.occurrence_at is None or run.authorized_at is None:
+        return None
+    schedule = Schedule.objects.filter(pk=run.schedule_id).first()
+    if schedule is None or not schedule.authorize_side_effects:
+        return None
+    if schedule.authorized_at != run.authorized_at:
+        return None
+    if now - run.occurrence_at > schedule_timing(schedule).period(run.occurrence_at):
+        return None
+    return {"schedule_id": schedule.pk, "schedule": schedule.name,
+            "occurrence": _iso(run.occurrence_at), "authorized_by": schedule.authorized_by,
+            "authorized_at": _iso(schedule.authorized_at)}
+
+
+def schedule_remove(schedule_id: int, *, by: str, now: datetime) -> Schedule:
+    """Stop a schedule for good and drop it from the lists; it stays in the database, because
+    its runs and its events refer to it."""
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.removed_at is not None:
+            raise ScheduleNotFound(schedule_id)
+        was = schedule.enabled
+        schedule.enabled, schedule.removed_at, schedule.updated_at = False, now, now
+        schedule.save(update_fields=["enabled", "removed_at", "updated_at"])
+        _append_in_tx(schedule, "schedule.removed", {"enabled": {"old": was, "new": False}},
+                      by, now)
+    return schedule
