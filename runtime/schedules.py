@@ -266,13 +266,17 @@ def schedule_authorize(schedule_id: int, on: bool, *, by: str, now: datetime) ->
 # -- firing -----------------------------------------------------------------------------------
 
 
-def schedules_fire_due(now: datetime, *, limit: int = 50) -> list[int]:
-    """Fire every due occurrence (at most ``limit`` schedules); the ids of the runs this call
-    created. An occurrence another worker fired first is simply not fired here."""
+def schedules_fire_due(now: datetime, *, limit: int = 50,
+                       only: list[int] | None = None) -> list[int]:
+    """Fire every due occurrence (at most ``limit`` schedules; ``only`` these ids, if given);
+    the ids of the runs this call created. An occurrence another worker fired first is simply
+    not fired here."""
     from .store import run_create_in_tx
 
-    due = list(Schedule.objects.filter(enabled=True, next_fire_at__lte=now)
-               .order_by("next_fire_at")[:limit])
+    due = Schedule.objects.filter(enabled=True, next_fire_at__lte=now)
+    if only is not None:
+        due = due.filter(pk__in=only)
+    due = list(due.order_by("next_fire_at")[:limit])
     created = []
     for schedule in due:
         when = schedule_timing(schedule)

@@ -121,4 +121,7 @@ KINDS = {
 }
 # Also used by the chaos soak: a charge that needs approval before it starts.
 GATED = _agent("charge-approved", UNDER_TEST["charge"], policy=approve_charges)
-AGENTS = [*KINDS.values(), GATED]
+# The same, for runs a schedule with a standing authorization fires (``ProcessKit.
+# start_scheduled``): its charge starts auto-confirmed, never asking a person first.
+SCHEDULED = _agent("scheduled-charge", UNDER_TEST["charge"], policy=approve_charges)
+AGENTS = [*KINDS.values(), GATED, SCHEDULED]

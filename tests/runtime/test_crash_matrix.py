@@ -25,7 +25,12 @@ from runtime.testkit import APPROVE, REJECT, Crash, CrashPoint, ProcessKit, reso
 from tests.procs import ROOT
 
 P = CrashPoint
-KINDS = ["read", "charge", "send", "reconcile-check", "reconcile-wait", "reconcile-conflict"]
+KINDS = ["read", "charge", "send", "reconcile-check", "reconcile-wait", "reconcile-conflict",
+         "scheduled-charge"]
+# Runs a schedule with a standing authorization fired: the policy's approval of the charge is
+# granted on the record (side_effect.auto_confirmed), and nothing else changes: an interrupted
+# charge still asks a person.
+SCHEDULED = {"scheduled-charge"}
 BRANCHES = {"approve": APPROVE, "reject": REJECT, "resolve": resolve_with({"resolved": True})}
 
 BEFORE_TOOL = {P.AFTER_STEP_STARTED, P.DURING_LLM_REQUEST}
@@ -38,11 +43,13 @@ ON_TAKEOVER = {P.AFTER_RUN_RESUMED, P.AFTER_STEP_INTERRUPTED}
 IF_STARTED = {"read": ("re-ran", 1), "charge": ("waits:interrupted_side_effect", 0),
               "send": ("re-ran", 1), "reconcile-check": ("re-ran", 1),
               "reconcile-wait": ("waits:reconcile", 0),
-              "reconcile-conflict": ("failed:reconcile_conflict", 0)}
+              "reconcile-conflict": ("failed:reconcile_conflict", 0),
+              "scheduled-charge": ("waits:interrupted_side_effect", 0)}
 IF_EFFECT = {"read": ("re-ran", 2), "charge": ("waits:interrupted_side_effect", 1),
              "send": ("waits:interrupted_side_effect", 1), "reconcile-check": ("reconciled", 1),
              "reconcile-wait": ("waits:reconcile", 1),
-             "reconcile-conflict": ("failed:reconcile_conflict", 1)}
+             "reconcile-conflict": ("failed:reconcile_conflict", 1),
+             "scheduled-charge": ("waits:interrupted_side_effect", 1)}
 
 
 @dataclass
@@ -109,6 +116,30 @@ def observe(run_id: int, ledger_counts: Counter) -> tuple[str, int]:
     return ("re-ran" if starts > 1 else "continued"), executions
 
 
+def standing_authorization_problems(run_id: int) -> list[str]:
+    """A scheduled run never asked a person about its charge's first start: each start that
+    no interrupted-side-effect approval authorized follows a side_effect.auto_confirmed by the
+    schedule; no policy approval exists."""
+    problems = []
+    if Approval.objects.filter(run_id=run_id, kind="policy").exists():
+        problems.append(f"run {run_id}: a policy approval in a run its schedule authorized")
+    events = list(Event.objects.filter(run_id=run_id, step_index=2).order_by("seq"))
+    for n, e in enumerate(events):
+        if e.kind == "step.tool_started" and not e.payload.get("authorized_by"):
+            before = events[n - 1] if n else None
+            if before is None or before.kind not in ("side_effect.auto_confirmed",
+                                                      "approval.consumed"):
+                problems.append(f"run {run_id}: a start of step 2 with neither a standing "
+                                f"nor a person's authorization (#{e.seq})")
+            elif before.kind == "side_effect.auto_confirmed" and not (
+                    before.actor.startswith("schedule:") and before.payload.get("authorized_by")):
+                problems.append(f"run {run_id}: #{before.seq} does not name the schedule and "
+                                "who authorized it")
+    if not any(e.kind == "side_effect.auto_confirmed" for e in events):
+        problems.append(f"run {run_id}: no side_effect.auto_confirmed on record")
+    return problems
+
+
 LABELS = {"continued": "continued", "re-ran": "re-ran on its own", "reconciled": "reconciled",
           "waits:interrupted_side_effect": "**asks a person**",
           "waits:reconcile": "**asks a person** (reconcile)",
@@ -130,8 +161,9 @@ def test_crash_matrix(edb, tmp_path):
     cells = plan()
     runs: dict[int, tuple[Cell, str]] = {}
     for cell in cells:
+        start = kit.start_scheduled if cell.kind in SCHEDULED else kit.start
         for branch in ["none", *BRANCHES] if cell.waits else ["none"]:
-            runs[kit.start(cell.kind, {"cell": f"{cell.point}/{cell.kind}"})] = (cell, branch)
+            runs[start(cell.kind, {"cell": f"{cell.point}/{cell.kind}"})] = (cell, branch)
 
     # Phase 1: one real process per run, SIGKILLed at the cell's point; a fresh process is then
     # refused while the dead owner's lease is live (checked right after each kill).
@@ -151,6 +183,8 @@ def test_crash_matrix(edb, tmp_path):
         if seen != (cell.outcome, cell.executions):
             wrong.append(f"{cell.point} x {cell.kind} run {rid}: expected "
                          f"{(cell.outcome, cell.executions)}, saw {seen}")
+    wrong += [problem for rid, (cell, _) in runs.items() if cell.kind in SCHEDULED
+              for problem in standing_authorization_problems(rid)]
     assert not wrong, "\n".join(wrong)
     before = kit.check()  # all six invariants, decision "none yet"
 
