@@ -28,7 +28,7 @@ from django.db import IntegrityError, transaction
 
 from .agents import get_agent
 from .canonical import check_payload, dumps
-from .errors import InvalidSchedule, ScheduleNotFound, UnknownAgent
+from .errors import InvalidPayload, InvalidSchedule, ScheduleNotFound, UnknownAgent
 from .models import Run, Schedule, ScheduleEvent
 
 log = logging.getLogger("runtime.schedules")
@@ -149,7 +149,7 @@ def _check_agent_and_input(agent: str, input: Any) -> Any:
         raise InvalidSchedule("agent", str(exc)) from None
     try:
         return check_payload("schedule input", input)
-    except Exception as exc:  # InvalidPayload: the reason is the message
+    except InvalidPayload as exc:
         raise InvalidSchedule("input", str(exc)) from None
 
 
@@ -301,11 +301,19 @@ def schedules_fire_due(now: datetime, *, limit: int = 50,
                     "system", now)
                 continue
             authorized = schedule.authorized_at if schedule.authorize_side_effects else None
-            run = run_create_in_tx(
-                schedule.agent, schedule.input, created_by=f"schedule:{schedule.name}",
-                now=now, actor=f"schedule:{schedule.name}", origin={
-                    "schedule": schedule, "occurrence_at": occurrence, "skipped": skipped,
-                    "authorized_at": authorized})
+            try:
+                with transaction.atomic():  # a savepoint: a refused input leaves the claim
+                    run = run_create_in_tx(
+                        schedule.agent, schedule.input, created_by=f"schedule:{schedule.name}",
+                        now=now, actor=f"schedule:{schedule.name}", origin={
+                            "schedule": schedule, "occurrence_at": occurrence,
+                            "skipped": skipped, "authorized_at": authorized})
+            except InvalidPayload as exc:  # e.g. the size limit was lowered since
+                log.warning("schedule %s: occurrence %s not fired: %s", schedule.name,
+                            occurrence.isoformat(), exc)
+                _append_in_tx(schedule, "schedule.missed", {
+                    "occurrence": _iso(occurrence), "reason": str(exc)}, "system", now)
+                continue
             created.append(run.pk)
     return created
 
@@ -339,9 +347,7 @@ def schedule_remove(schedule_id: int, *, by: str, now: datetime) -> Schedule:
     """Stop a schedule for good and drop it from the lists; it stays in the database, because
     its runs and its events refer to it."""
     with transaction.atomic():
-        schedule = _locked(schedule_id)
-        if schedule.removed_at is not None:
-            raise ScheduleNotFound(schedule_id)
+        schedule = _locked(schedule_id)  # a removed one is not found
         was = schedule.enabled
         schedule.enabled, schedule.removed_at, schedule.updated_at = False, now, now
         schedule.save(update_fields=["enabled", "removed_at", "updated_at"])
