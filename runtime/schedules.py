@@ -50,11 +50,17 @@ class Timing:
     zone: ZoneInfo
 
     def after(self, at: datetime) -> datetime:
-        """The first occurrence strictly after ``at`` (UTC)."""
+        """The first occurrence strictly after ``at`` (UTC). In an hour that autumn repeats,
+        a cron with a fixed hour fires in the first pass only (a daily 02:30 once); one whose
+        hour is ``*`` fires in both, which are different instants."""
         if self.interval_seconds:
             return at + timedelta(seconds=self.interval_seconds)
-        nxt = croniter(self.cron, at.astimezone(self.zone)).get_next(datetime)
-        return nxt.astimezone(UTC)
+        it = croniter(self.cron, at.astimezone(self.zone))
+        every_hour = croniter(self.cron).expanded[1] == ["*"]
+        while True:
+            nxt = it.get_next(datetime)
+            if every_hour or not nxt.fold:
+                return nxt.astimezone(UTC)
 
     def period(self, occurrence: datetime) -> timedelta:
         """How long until the occurrence after ``occurrence``: a run older than this is a
@@ -74,6 +80,8 @@ class Timing:
             if skipped >= MAX_SKIPPED_COUNTED:  # jump: counting further costs more than it says
                 latest = croniter(self.cron, now.astimezone(self.zone)).get_prev(
                     datetime).astimezone(UTC)
+                if self.after(latest) <= now:  # get_prev skips a slot exactly at now
+                    latest = self.after(latest)
                 nxt = self.after(now)
                 break
             latest, skipped = nxt, skipped + 1
@@ -89,7 +97,7 @@ def timing(cron: str, interval_seconds: int | None, timezone: str) -> Timing:
         raise InvalidSchedule("timezone", f"{timezone!r} is not a time zone name "
                               "(e.g. UTC, Europe/Berlin)") from None
     cron = (cron or "").strip()
-    if bool(cron) == bool(interval_seconds):
+    if bool(cron) == (interval_seconds is not None):
         raise InvalidSchedule("cron", "give either a cron expression or an interval, not both "
                               "and not neither")
     if cron:
@@ -216,8 +224,21 @@ def schedule_update(schedule_id: int, *, by: str, now: datetime, **changes: Any)
         for f in EDITABLE:
             setattr(schedule, f, new[f])
         schedule.updated_at = now
-        schedule.save(update_fields=[*EDITABLE, "next_fire_at", "updated_at"])
+        # The authorization was given for this agent and this input: another one needs it
+        # given again, by someone who sees what it now covers.
+        revoke = schedule.authorize_side_effects and bool({"agent", "input"} & diff.keys())
+        if revoke:
+            schedule.authorize_side_effects = False
+        schedule.save(update_fields=[*EDITABLE, "next_fire_at", "updated_at",
+                                     "authorize_side_effects"])
         _append_in_tx(schedule, "schedule.updated", {"changes": diff}, by, now)
+        if revoke:
+            at = _iso(schedule.authorized_at)
+            _append_in_tx(schedule, "schedule.unauthorized", {
+                "authorize_side_effects": {
+                    "old": {"on": True, "by": schedule.authorized_by, "at": at},
+                    "new": {"on": False, "by": schedule.authorized_by, "at": at}},
+                "agent": schedule.agent, "reason": "agent or input changed"}, by, now)
     return schedule
 
 
@@ -293,6 +314,7 @@ def schedules_fire_due(now: datetime, *, limit: int = 50,
                 next_fire_at=nxt)
             if claimed != 1:
                 continue  # another worker fired it, or someone changed the schedule meanwhile
+            schedule.refresh_from_db()  # what it runs as of the claim (an edit may have landed)
             if not agent_known:
                 log.warning("schedule %s: agent %r is not registered here; occurrence %s not "
                             "fired", schedule.name, schedule.agent, occurrence.isoformat())
@@ -333,6 +355,8 @@ def standing_authorization(run: Run, now: datetime) -> dict[str, Any] | None:
         return None
     schedule = Schedule.objects.filter(pk=run.schedule_id).first()
     if schedule is None or not schedule.authorize_side_effects:
+        return None
+    if not schedule.enabled or schedule.removed_at is not None:  # stopped: ask a person
         return None
     if schedule.authorized_at != run.authorized_at:
         return None

@@ -21,7 +21,7 @@ from runtime import (
 )
 from runtime.crashpoints import CrashPoint
 from runtime.errors import RunLeased, SimulatedCrash
-from runtime.models import Event, Run
+from runtime.models import Approval, Event, Run, Step
 from runtime.testkit.ledger import Ledger
 
 
@@ -147,3 +147,14 @@ def events_of(run: Run | int) -> list[str]:
 __all__ = ["Background", "Budget", "FinalAnswer", "Gate", "Ledger", "ToolCall",
            "crash_then_take_over", "events", "events_of", "kinds_after", "make_agent",
            "make_tools"]
+
+
+def snapshot(run_id: int) -> tuple:
+    """Everything a refused decision must leave as it was."""
+    return (
+        Run.objects.values().get(pk=run_id),
+        list(Approval.objects.filter(run_id=run_id).order_by("pk").values()),
+        list(Step.objects.filter(run_id=run_id).order_by("index").values()),
+        list(Event.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "kind",
+                                                                              "hash")),
+    )

@@ -36,20 +36,10 @@ from tests.kit import (
     kinds_after,
     make_agent,
     make_tools,
+    snapshot,
 )
 
 pytestmark = pytest.mark.engines
-
-
-def snapshot(run_id: int) -> tuple:
-    """Everything a refused decision must leave as it was."""
-    return (
-        Run.objects.values().get(pk=run_id),
-        list(Approval.objects.filter(run_id=run_id).order_by("pk").values()),
-        list(Step.objects.filter(run_id=run_id).order_by("index").values()),
-        list(Event.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "kind",
-                                                                              "hash")),
-    )
 
 
 @pytest.fixture

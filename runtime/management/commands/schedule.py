@@ -75,8 +75,10 @@ class Command(BaseCommand):
     def _add(self, opts: dict[str, Any], by: str, now: Any) -> None:
         try:
             data = parse_json("--input", opts["input"])
-        except (InvalidPayload, ValueError) as exc:
+        except InvalidPayload as exc:
             raise CommandError(str(exc)) from None
+        except ValueError as exc:
+            raise CommandError(f"--input is not valid JSON: {exc}") from None
         s = schedule_create(opts["name"], opts["agent"], data, by=by, now=now,
                             cron=opts["cron"] or "", interval_seconds=opts["every"],
                             timezone=opts["timezone"], enabled=not opts["disabled"])
