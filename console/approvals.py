@@ -35,22 +35,31 @@ TIMELINE_STEPS = 20  # the steps up to the approval's own shown on its page; the
 @viewing
 @require_http_methods(["GET"])
 def queue(request: HttpRequest) -> HttpResponse:
-    """Pending approvals, oldest first. Its poll sends the version it shows (``?seen=``) and
-    gets a 204 while nothing was added or decided."""
+    """Pending approvals, oldest first, or those with a deadline first (``?sort=expiring``).
+    Its poll sends the version it shows (``?seen=``) and gets a 204 while nothing was added
+    or decided."""
     kind = request.GET.get("kind", "")
     agent = request.GET.get("agent", "").strip()[:200]
+    sort = request.GET.get("sort", "")
+    error = ""
     if kind not in ("", *ApprovalKind.values):
+        error = (f"There is no kind {kind[:40]!r}: choose one of "
+                 f"{', '.join(ApprovalKind.values)}.")
+        kind = ""
+    if sort not in selectors.QUEUE_SORTS:
+        error = (f"There is no order {sort[:40]!r}: leave sort out for the oldest first, or "
+                 f"choose sort=expiring for those with a deadline first, soonest first.")
+        sort = ""
+    if error:
         return page(request, "console/queue.html", {
-            **_queue_filters(kind="", agent=agent), "items": [],
-            "filter_error": (f"There is no kind {kind[:40]!r}: choose one of "
-                             f"{', '.join(ApprovalKind.values)}.")},
-            partial="queue-list", status=400)
+            **_queue_filters(kind=kind, agent=agent, sort=sort), "items": [],
+            "filter_error": error}, partial="queue-list", status=400)
     version = selectors.approval_queue_version(kind or None, agent or None)
     if unchanged(request, version):
         return no_change()
-    items, more = selectors.approval_queue(kind or None, agent or None, QUEUE_LIMIT)
+    items, more = selectors.approval_queue(kind or None, agent or None, QUEUE_LIMIT, sort)
     context = {
-        **_queue_filters(kind=kind, agent=agent),
+        **_queue_filters(kind=kind, agent=agent, sort=sort),
         "items": items,
         "more": more,
         "limit": QUEUE_LIMIT,
@@ -63,9 +72,13 @@ def queue(request: HttpRequest) -> HttpResponse:
     return page(request, "console/queue.html", context, partial="queue-list")
 
 
-def _queue_filters(*, kind: str, agent: str) -> dict[str, Any]:
+SORT_WORDS = {"": "oldest first", "expiring": "expiring first"}
+
+
+def _queue_filters(*, kind: str, agent: str, sort: str = "") -> dict[str, Any]:
     return {"kind": kind, "agent": agent, "kinds": [(k, kind_word(k)) for k in ApprovalKind],
-            "agents": known_agents(), "agent_note": agent_note(agent)}
+            "agents": known_agents(), "agent_note": agent_note(agent), "sort": sort,
+            "sorts": [(s, SORT_WORDS[s]) for s in selectors.QUEUE_SORTS]}
 
 
 @viewing
@@ -145,8 +158,9 @@ def _render(
     status: int = 200,
 ) -> HttpResponse:
     user = request.user
+    now = timezone.now()
     words = wording.choices(approval)
-    allowed = selectors.approval_decisions(approval, user.get_username())
+    allowed = selectors.approval_decisions(approval, user.get_username(), now)
     decisions = []
     for name in allowed:
         bound = form if form is not None and form.decision == name else None
@@ -182,7 +196,8 @@ def _render(
         "version": selectors.approval_version(approval),
         "watch": (approval.status == ApprovalStatus.PENDING
                   or selectors.run_is_live(run)),
-        "now": timezone.now(),
+        "deadline_passed": selectors.approval_past_deadline(approval, now),
+        "now": now,
     }
     return page(request, "console/approval.html", context, partial="approval-live",
                 status=status)

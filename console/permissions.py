@@ -27,3 +27,29 @@ def viewing(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         return view(request, *args, **kwargs)
 
     return guarded
+
+
+VIEW_SCHEDULE = "runtime.view_schedule"
+MANAGE_SCHEDULE = "runtime.manage_schedule"
+
+
+def viewing_schedules(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A schedules page: 403 without ``runtime.view_schedule`` (the "viewers" and "operators"
+    groups have it). Changing a schedule needs ``runtime.manage_schedule`` as well
+    (``require_manage``)."""
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.has_perm(VIEW_SCHEDULE):
+            raise PermissionDenied("Seeing schedules needs the view_schedule permission "
+                                   "(the viewers or operators group).")
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
+def require_manage(request: HttpRequest) -> None:
+    """403 unless the person may create, edit, enable, disable, authorize and remove
+    schedules."""
+    if not request.user.has_perm(MANAGE_SCHEDULE):
+        raise PermissionDenied("Changing schedules needs the manage_schedule permission.")

@@ -278,7 +278,26 @@ RUNTIME = {
     "LLM_RETRIES": int(os.environ.get("RUNTIME_LLM_RETRIES", "3")),
     "LLM_RETRY_BASE_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_BASE_SECONDS", "1")),
     "LLM_RETRY_MAX_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_MAX_SECONDS", "30")),
+    # Notifications about approvals (runtime.outbox): channels, and the console link they carry.
+    "NOTIFY": [
+        {"name": name, "kind": kind, "target": os.environ[var]}
+        for name, kind, var in (("webhook", "webhook", "RUNTIME_NOTIFY_WEBHOOK"),
+                                ("slack", "slack", "RUNTIME_NOTIFY_SLACK"),
+                                ("email", "email", "RUNTIME_NOTIFY_EMAIL"))
+        if os.environ.get(var)
+    ],
+    "APPROVAL_URL": os.environ.get("RUNTIME_APPROVAL_URL",
+                                   "http://127.0.0.1:8000/approvals/{id}/"),
     # Signs audit checkpoints (manage.py auditcheckpoint); keep it off the database's machine's
     # backups and out of the database itself. At least 32 characters.
     "AUDIT_KEY": os.environ.get("RUNTIME_AUDIT_KEY", ""),
 }
+
+# Email notifications go through Django's email backend (SMTP unless configured otherwise).
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "") == "1"
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "agent-runtime@localhost")

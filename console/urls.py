@@ -4,7 +4,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-from . import approvals, runs, views, workers
+from . import approvals, runs, schedules, views, workers
 
 console_patterns = [
     path("", approvals.queue, name="queue"),
@@ -13,6 +13,11 @@ console_patterns = [
     path("runs/", runs.run_list, name="runs"),
     path("runs/<int:pk>/", runs.run_detail, name="run"),
     path("workers/", workers.worker_list, name="workers"),
+    path("schedules/", schedules.schedule_list, name="schedules"),
+    path("schedules/new/", schedules.schedule_new, name="schedule-new"),
+    path("schedules/<int:pk>/", schedules.schedule_detail, name="schedule"),
+    path("schedules/<int:pk>/authorize/", schedules.schedule_authorize,
+         name="schedule-authorize"),
     path("login/", views.login, name="login"),
     path("logout/", views.logout, name="logout"),
 ]

@@ -51,6 +51,7 @@ _POLICY_STATUS = {
     ApprovalStatus.CONSUMED: "allowed, started",
     ApprovalStatus.REJECTED: "denied",
     ApprovalStatus.CANCELLED: "cancelled",
+    ApprovalStatus.EXPIRED: "expired",
 }
 _RERUN_STATUS = {
     ApprovalStatus.PENDING: "waiting for a decision",
@@ -59,6 +60,7 @@ _RERUN_STATUS = {
     ApprovalStatus.RESOLVED: "recorded as happened",
     ApprovalStatus.REJECTED: "run ended",
     ApprovalStatus.CANCELLED: "cancelled",
+    ApprovalStatus.EXPIRED: "expired",
 }
 
 
@@ -103,6 +105,11 @@ def what_happens_next(approval: Approval) -> str:
                 f"The run ended failed; {tool} will not be called again.")
     if approval.status == ApprovalStatus.CANCELLED:
         return "Nothing will run: this approval was cancelled."
+    if approval.status == ApprovalStatus.EXPIRED:
+        return (f"Nobody decided before the deadline: the run ended failed (approval_expired) "
+                f"and {tool} was never called." if policy else
+                f"Nobody decided before the deadline: the run ended failed (approval_expired) "
+                f"and {tool} will not be called again.")
     return ""
 
 

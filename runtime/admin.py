@@ -33,7 +33,17 @@ from django.utils.html import format_html
 
 from .agents import registry
 from .audit import EVENT_KINDS
-from .models import Approval, AuditCheckpoint, Event, Run, RunCreation, Step, Worker
+from .models import (
+    Approval,
+    AuditCheckpoint,
+    Event,
+    Run,
+    RunCreation,
+    Schedule,
+    ScheduleEvent,
+    Step,
+    Worker,
+)
 from .selectors import live_workers
 
 COUNT_CAP = 10_000
@@ -451,3 +461,33 @@ class AuditCheckpointAdmin(ReadOnlyAdmin):
     list_display = ("seq", "at_ms", "by", "runs", "creations_seq", "hash")
     ordering = ("-seq",)
     sortable_by = ("seq",)
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(ReadOnlyAdmin):
+    """Schedules, removed ones included (the console lists the others); changes go through
+    the console or ``manage.py schedule``, which record them in the schedule's chain."""
+
+    list_display = ("id", "name", "agent", "cron", "interval_seconds", "timezone", "enabled",
+                    "next_fire_at_ms", "authorize_side_effects", "authorized_by",
+                    "authorized_at_ms", "removed_at_ms")
+    ordering = ("-id",)
+    sortable_by = ("id",)
+
+
+@admin.register(ScheduleEvent)
+class ScheduleEventAdmin(ReadOnlyAdmin):
+    """Every change of every schedule, newest first: each schedule's own hash chain."""
+
+    list_display = ("id", "schedule_id", "seq", "kind", "actor", "at_ms", "payload_short")
+    fields = ("schedule", "seq", "kind", "actor", "at_ms", "payload_pretty", "hash")
+    ordering = ("-id",)
+    sortable_by = ("id",)
+
+    @admin.display(description="payload")
+    def payload_short(self, obj: ScheduleEvent) -> str:
+        return _short(obj.payload)
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: ScheduleEvent) -> str:
+        return _pretty(obj.payload)

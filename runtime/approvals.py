@@ -84,7 +84,7 @@ def _decide(
         raise InvalidDecision(approval_id, "no such approval") from None
     if approval.status != ApprovalStatus.PENDING:
         raise _already_decided(approval)
-    if approval.expires_at is not None and approval.expires_at <= now:
+    if approval_past_deadline(approval, now):
         raise _too_late(approval)
     if status == ApprovalStatus.RESOLVED and approval.kind not in RESOLVABLE:
         raise InvalidDecision(approval_id, "resolve applies to interrupted steps only; "
@@ -110,7 +110,7 @@ def _decide(
         approval.refresh_from_db()
         if approval.status != ApprovalStatus.PENDING:
             raise _already_decided(approval) from None
-        if approval.expires_at is not None and approval.expires_at <= now:
+        if approval_past_deadline(approval, now):
             raise _too_late(approval) from None
         raise ApprovalConflict(approval_id, "the run changed while deciding; try again",
                                status=approval.status) from None
@@ -167,6 +167,13 @@ def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,
         plan.step_update(approval.step, status=StepStatus.REJECTED, finished_at=plan.at)
         plan.run.update(status=RunStatus.FAILED, failure_code=FailureCode.REJECTED,
                         failure_message=message, planned=[])
+
+
+def approval_past_deadline(approval: Approval, now: datetime) -> bool:
+    """Whether ``approval`` waits past its deadline: every decision on it is refused as too
+    late, and the next expiry sweep ends it ``expired``."""
+    return (approval.status == ApprovalStatus.PENDING and approval.expires_at is not None
+            and approval.expires_at <= now)
 
 
 def _too_late(approval: Approval) -> ApprovalConflict:

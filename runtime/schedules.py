@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from django.db import IntegrityError, transaction
+from django.db.models import JSONField, Value
 
 from .agents import get_agent
 from .canonical import check_payload, dumps
@@ -179,7 +180,7 @@ def schedule_create(name: str, agent: str, input: Any, *, by: str, now: datetime
     try:
         with transaction.atomic():
             schedule = Schedule.objects.create(
-                name=name, agent=agent, input=data, cron=when.cron,
+                name=name, agent=agent, input=_stored(data), cron=when.cron,
                 interval_seconds=when.interval_seconds, timezone=timezone, enabled=enabled,
                 next_fire_at=when.after(now), created_by=by, created_at=now, updated_at=now)
             _append_in_tx(schedule, "schedule.created", {
@@ -187,8 +188,16 @@ def schedule_create(name: str, agent: str, input: Any, *, by: str, now: datetime
                 "interval_seconds": when.interval_seconds, "timezone": timezone,
                 "enabled": enabled, "next_fire_at": _iso(schedule.next_fire_at)}, by, now)
     except IntegrityError:
+        if not Schedule.objects.filter(name=name).exists():
+            raise
         raise InvalidSchedule("name", f"a schedule named {name!r} exists") from None
+    schedule.input = data
     return schedule
+
+
+def _stored(data: Any) -> Any:
+    """JSON null is a valid input: stored as JSON, not as SQL NULL (which the column refuses)."""
+    return Value(None, JSONField()) if data is None else data
 
 
 def _locked(schedule_id: int) -> Schedule:
@@ -222,7 +231,7 @@ def schedule_update(schedule_id: int, *, by: str, now: datetime, **changes: Any)
             schedule.next_fire_at = when.after(now)
             diff["next_fire_at"] = {"old": _iso(old_next), "new": _iso(schedule.next_fire_at)}
         for f in EDITABLE:
-            setattr(schedule, f, new[f])
+            setattr(schedule, f, _stored(new[f]) if f == "input" else new[f])
         schedule.updated_at = now
         # The authorization was given for this agent and this input: another one needs it
         # given again, by someone who sees what it now covers.
@@ -231,6 +240,7 @@ def schedule_update(schedule_id: int, *, by: str, now: datetime, **changes: Any)
             schedule.authorize_side_effects = False
         schedule.save(update_fields=[*EDITABLE, "next_fire_at", "updated_at",
                                      "authorize_side_effects"])
+        schedule.input = new["input"]
         _append_in_tx(schedule, "schedule.updated", {"changes": diff}, by, now)
         if revoke:
             at = _iso(schedule.authorized_at)
@@ -244,6 +254,8 @@ def schedule_update(schedule_id: int, *, by: str, now: datetime, **changes: Any)
 
 def schedule_set_enabled(schedule_id: int, enabled: bool, *, by: str, now: datetime) -> Schedule:
     """Enable (from the first occurrence after now: nothing missed is fired) or disable."""
+    if not by:
+        raise InvalidSchedule("by", "a change needs the name of who made it")
     with transaction.atomic():
         schedule = _locked(schedule_id)
         if schedule.enabled == enabled:
@@ -370,6 +382,8 @@ def standing_authorization(run: Run, now: datetime) -> dict[str, Any] | None:
 def schedule_remove(schedule_id: int, *, by: str, now: datetime) -> Schedule:
     """Stop a schedule for good and drop it from the lists; it stays in the database, because
     its runs and its events refer to it."""
+    if not by:
+        raise InvalidSchedule("by", "a change needs the name of who made it")
     with transaction.atomic():
         schedule = _locked(schedule_id)  # a removed one is not found
         was = schedule.enabled

@@ -16,6 +16,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.db.models.lookups import GreaterThan
 
 from .approvals import RESOLVABLE, approval_request_intact, four_eyes_blocks, pending
+from .approvals import approval_past_deadline as past_deadline
 from .clock import SYSTEM_CLOCK
 from .models import (
     TERMINAL_RUN_STATUSES,
@@ -31,15 +32,32 @@ from .models import (
 from .store import lease_expired
 
 # The queue shows these columns of an approval, its run and its step; nothing else is loaded.
-QUEUE_FIELDS = ("id", "kind", "tool", "effect", "title", "created_at", "run_id", "step_id",
-                "run__agent", "step__index")
+QUEUE_FIELDS = ("id", "kind", "tool", "effect", "title", "created_at", "expires_at", "run_id",
+                "step_id", "run__agent", "step__index")
+# The queue's orders, by their ``?sort=`` value: oldest first (the default), or the approvals
+# with a deadline first, soonest deadline first, then the others oldest first.
+QUEUE_SORTS = ("", "expiring")
 
 
 def approval_queue(kind: str | None = None, agent: str | None = None,
-                   limit: int = 200) -> tuple[list[Approval], bool]:
-    """The oldest ``limit`` pending approvals (and whether there are more), with only the
-    columns the queue shows."""
-    rows = list(pending(kind, agent).only(*QUEUE_FIELDS)[: limit + 1])
+                   limit: int = 200, sort: str = "") -> tuple[list[Approval], bool]:
+    """The first ``limit`` pending approvals in the ``sort`` order (and whether there are
+    more), with only the columns the queue shows.
+
+    Expiring first is two bounded reads, each in the order of an index: those with a
+    deadline by deadline (``approval_status_expires``, which holds only them), then, if the
+    page is not full, those without one oldest first (``approval_status_created``); one
+    ordering with NULLs last would sort every pending approval."""
+    if sort not in QUEUE_SORTS:
+        raise ValueError(f"unknown queue order {sort!r}")
+    qs = pending(kind, agent).only(*QUEUE_FIELDS)
+    if sort == "expiring":
+        rows = list(qs.filter(expires_at__isnull=False)
+                    .order_by("expires_at", "created_at", "pk")[: limit + 1])
+        if len(rows) <= limit:
+            rows += list(qs.filter(expires_at__isnull=True)[: limit + 1 - len(rows)])
+    else:
+        rows = list(qs[: limit + 1])
     return rows[:limit], len(rows) > limit
 
 
@@ -62,11 +80,17 @@ def approval_version(approval: Approval) -> str:
     return f"{approval.status}.{approval.run.event_seq}"
 
 
-def approval_decisions(approval: Approval, by: str) -> list[str]:
+def approval_past_deadline(approval: Approval, now: datetime | None = None) -> bool:
+    """Whether a pending approval's deadline has passed: the runtime refuses any decision on
+    it as too late, and its next expiry sweep ends it ``expired``."""
+    return past_deadline(approval, now or SYSTEM_CLOCK.now())
+
+
+def approval_decisions(approval: Approval, by: str, now: datetime | None = None) -> list[str]:
     """The decisions ``by`` may make on ``approval`` now, in the order to offer them: none once
-    decided; only rejecting under four-eyes or when the stored request does not match its
-    digest; resolving only where a call may have happened."""
-    if approval.status != ApprovalStatus.PENDING:
+    decided or past its deadline; only rejecting under four-eyes or when the stored request
+    does not match its digest; resolving only where a call may have happened."""
+    if approval.status != ApprovalStatus.PENDING or approval_past_deadline(approval, now):
         return []
     if four_eyes_blocks(approval, by) or not approval_request_intact(approval):
         return ["reject"]
@@ -144,8 +168,9 @@ def run_version(run: Run) -> str:
 def run_approvals(run_id: int, limit: int = 50) -> list[Approval]:
     """A run's latest ``limit`` approvals, oldest first, with the step index each is about."""
     qs = (Approval.objects.filter(run_id=run_id).select_related("step")
-          .only("id", "kind", "status", "tool", "decided_by", "created_at", "consumed_at",
-                "run_id", "step__index").order_by("-created_at", "-pk"))
+          .only("id", "kind", "status", "tool", "decided_by", "decided_at", "created_at",
+                "consumed_at", "expires_at", "run_id", "step__index")
+          .order_by("-created_at", "-pk"))
     return list(qs[:limit])[::-1]
 
 

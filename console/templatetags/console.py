@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import template
 from django.utils import timezone
@@ -66,6 +67,12 @@ def duration(delta: timedelta | None) -> str:
     return sign + text
 
 
+@register.filter
+def seconds(value: int | None) -> str:
+    """A number of seconds as a duration ("1h 0m")."""
+    return "—" if value is None else duration(timedelta(seconds=value))
+
+
 @register.simple_tag
 def moment(at: datetime | None, now: datetime | None = None) -> str:
     """A moment as "2026-12-03 20:11:08 UTC (3m 12s ago)"; the age keeps counting in the
@@ -92,6 +99,41 @@ def left(until_at: datetime | None, now: datetime | None = None) -> str:
         return "—"
     return format_html('<time datetime="{}" data-until>{}</time>', until_at.isoformat(),
                        until(until_at, now))
+
+
+# A deadline closer than this is shown as soon (the queue marks it).
+DEADLINE_SOON = timedelta(minutes=5)
+
+
+@register.simple_tag
+def deadline(at: datetime | None, now: datetime | None = None) -> str:
+    """Time left until an approval's deadline: "expires in 12m 5s", counting down in the
+    browser, the moment itself in the tooltip; once passed, "deadline passed" and when."""
+    if at is None:
+        return ""
+    now = now or timezone.now()
+    stamp = f"{at:%Y-%m-%d %H:%M:%S}"
+    if at <= now:
+        return format_html('<span class="deadline deadline-passed" data-testid="deadline-left">'
+                           'deadline passed <time datetime="{}">{} UTC</time></span>',
+                           at.isoformat(), stamp)
+    soon = " deadline-soon" if at - now <= DEADLINE_SOON else ""
+    return format_html('<span class="deadline{}" data-testid="deadline-left">expires in '
+                       '<time datetime="{}" data-until title="{} UTC">{}</time></span>',
+                       soon, at.isoformat(), stamp, until(at, now))
+
+
+@register.filter
+def in_zone(at: datetime | None, zone: str) -> str:
+    """A moment in a named time zone ("2026-12-05 08:00 Europe/Berlin"), for schedules whose
+    cron is read there; UTC if the name is not a zone."""
+    if at is None:
+        return "—"
+    try:
+        local = at.astimezone(ZoneInfo(zone))
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        local, zone = at.astimezone(UTC), "UTC"
+    return f"{local:%Y-%m-%d %H:%M} {zone}"
 
 
 @register.filter

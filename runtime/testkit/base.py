@@ -3,9 +3,13 @@ and the invariant check."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime, timedelta
+from typing import Any
 
+from ..clock import SYSTEM_CLOCK
 from ..models import Approval
 from .invariants import Report, check_invariants
 from .ledger import Ledger
@@ -16,6 +20,30 @@ from .reached import Reached
 class Kit:
     ledger: Ledger
     reached: Reached
+    _schedules = 0
+
+    def start(self, agent: str, input: Any = None, created_by: str = "kit") -> int:
+        raise NotImplementedError
+
+    def agents_registered(self) -> AbstractContextManager:
+        """The kit's agents, registered for work done in this process."""
+        return nullcontext()
+
+    def start_scheduled(self, agent: str, input: Any = None, by: str = "kit") -> int:
+        """Queue a run as an occurrence of a schedule whose standing authorization ``by`` set
+        before it fired (design §10), and return its id. Each call makes its own hourly
+        schedule, created an hour ago so it is due now: the run stays within its period for
+        the whole of a test."""
+        from ..schedules import schedule_authorize, schedule_create, schedules_fire_due
+
+        with self.agents_registered():
+            earlier = (self.now() or SYSTEM_CLOCK.now()) - timedelta(hours=1)
+            Kit._schedules += 1
+            schedule = schedule_create(f"kit-{os.getpid()}-{Kit._schedules}", agent, input,
+                                       by=by, now=earlier, interval_seconds=3600)
+            schedule_authorize(schedule.pk, True, by=by, now=earlier)
+            (run_id,) = schedules_fire_due(schedule.next_fire_at, only=[schedule.pk])
+            return run_id
 
     def decide(self, approval_id: int, decision: Decision, by: str = "kit-operator") -> Approval:
         """Play the operator on one approval (in this process, through the runtime's API)."""

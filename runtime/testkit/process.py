@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,6 @@ class ProcessKit(Kit):
             self.env.pop(key, None)
         self._n = 0
         self.refusals = 0
-        self._schedules = 0
         default = settings.DATABASES["default"]
         if not same_database(self.url, default):
             raise ValueError(f"this process's default database is {describe(default)}, "
@@ -127,21 +125,9 @@ class ProcessKit(Kit):
         with registry.override(*(loaded if isinstance(loaded, list | tuple) else [loaded])):
             return start(agent, input, created_by).pk
 
-    def start_scheduled(self, agent: str, input: Any = None, by: str = "kit") -> int:
-        """Queue a run as an occurrence of a schedule whose standing authorization ``by`` set
-        before it fired (design §10), and return its id. Each call makes its own hourly
-        schedule, so the run stays within its period for the whole of a test."""
-        from ..schedules import schedule_authorize, schedule_create, schedules_fire_due
-
+    def agents_registered(self) -> Any:
         loaded = import_string(self.agents)
-        with registry.override(*(loaded if isinstance(loaded, list | tuple) else [loaded])):
-            earlier = SYSTEM_CLOCK.now() - timedelta(hours=1)  # so it is due now
-            self._schedules += 1
-            schedule = schedule_create(f"kit-{os.getpid()}-{self._schedules}", agent, input,
-                                       by=by, now=earlier, interval_seconds=3600)
-            schedule_authorize(schedule.pk, True, by=by, now=earlier)
-            (run_id,) = schedules_fire_due(schedule.next_fire_at, only=[schedule.pk])
-            return run_id
+        return registry.override(*(loaded if isinstance(loaded, list | tuple) else [loaded]))
 
     def crash(self, run_id: int, *crashes: Crash) -> Exited:
         """Execute ``run_id`` in a fresh process armed with ``crashes``; it must die by SIGKILL

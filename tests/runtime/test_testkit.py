@@ -36,7 +36,7 @@ from runtime.testkit import (
 )
 from runtime.testkit import agents as kit_agents
 from tests.procs import ROOT
-from tests.runtime.test_crash_matrix import BRANCHES, observe, plan
+from tests.runtime.test_crash_matrix import BRANCHES, SCHEDULED, observe, plan
 
 P = CrashPoint
 AGENTS = "runtime.testkit.agents.AGENTS"
@@ -250,7 +250,7 @@ def test_the_in_process_kit_gives_the_process_matrix_outcomes(mem):
     runs = {}
     for cell in cells:
         for branch in ["none", "approve"] if cell.waits else ["none"]:
-            run = mem.start(cell.kind)
+            run = (mem.start_scheduled if cell.kind in SCHEDULED else mem.start)(cell.kind)
             mem.crash(run, cell.phases[0])
             for crash in cell.phases[1:]:
                 mem.expire()
