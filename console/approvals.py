@@ -177,6 +177,7 @@ def _render(
         "check_url": check.format(key=quote(step.idempotency_key), tool=quote(
             approval.tool)) if check else "",
         "timeline": timeline,
+        "notifications": selectors.approval_notifications(approval),
         "pending": approval.status == ApprovalStatus.PENDING,
         "outcome_unknown": selectors.approval_outcome_unknown(approval),
         "tampered": selectors.approval_tampered(approval),

@@ -37,6 +37,8 @@ from .models import (
     Approval,
     AuditCheckpoint,
     Event,
+    Notification,
+    NotificationAttempt,
     Run,
     RunCreation,
     Schedule,
@@ -491,3 +493,21 @@ class ScheduleEventAdmin(ReadOnlyAdmin):
     @admin.display(description="payload")
     def payload_pretty(self, obj: ScheduleEvent) -> str:
         return _pretty(obj.payload)
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    """The outbox: what was sent to whom about which approval, and how delivery went."""
+
+    list_display = ("id", "approval_id", "event", "channel", "kind", "status", "attempts",
+                    "next_attempt_at_ms", "delivered_at_ms")
+    list_filter = ("status",)  # the (status, next_attempt_at) index serves it
+    ordering = ("-id",)
+    sortable_by = ("id",)
+
+
+@admin.register(NotificationAttempt)
+class NotificationAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "notification_id", "number", "at_ms", "ok", "status_code", "error")
+    ordering = ("-id",)
+    sortable_by = ("id",)

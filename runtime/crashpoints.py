@@ -31,6 +31,12 @@ class CrashPoint(StrEnum):
     DURING_LLM_REQUEST = "during_llm_request"
     AFTER_TOOL_DISPATCHED = "after_tool_dispatched"
     IN_TRANSACTION = "in_transaction"  # inside a state transaction, before its commit
+    # The outbox (not a run's step): a notification sent, its attempt not yet recorded.
+    AFTER_NOTIFICATION_SENT = "after_notification_sent"
+
+
+# Points outside a run's steps: the crash matrix and the chaos soak's step points leave them out.
+OUTBOX_POINTS = frozenset({CrashPoint.AFTER_NOTIFICATION_SENT})
 
 
 @dataclass

@@ -16,7 +16,7 @@ from django.db import DatabaseError
 
 from .errors import ProtocolMismatch
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 _lock = threading.Lock()
 _verdict: dict[str, object] = {"checked": False, "error": None}

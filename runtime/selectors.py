@@ -188,3 +188,13 @@ def live_workers(now: datetime) -> list[str]:
     """The owners of the live workers, sorted."""
     return sorted(Worker.objects.alias(live=worker_live(now)).filter(live=True)
                   .values_list("owner", flat=True))
+
+
+def approval_notifications(approval: Approval) -> list[Any]:
+    """Who was told about the approval, on which channel, and how delivery went (oldest
+    first; one row per channel and event)."""
+    from .models import Notification
+
+    return list(Notification.objects.filter(approval_id=approval.pk).order_by("pk").only(
+        "event", "channel", "kind", "target", "status", "attempts", "created_at",
+        "delivered_at", "last_error", "next_attempt_at"))

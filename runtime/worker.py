@@ -33,6 +33,7 @@ from .lease import LeaseKeeper, make_owner
 from .listen import ReadyListener
 from .models import Run
 from .models import Worker as WorkerRow
+from .outbox import SEND_TIMEOUT, OutboxSender, channels
 from .procs import boot_id, hostname, own_process_start, owner_provably_dead
 from .protocol import protocol_check
 from .schedules import schedules_fire_due
@@ -81,6 +82,7 @@ class Worker:
                              keeper=self.keeper, owner_is_dead=self._owner_is_dead)
         self._stop = threading.Event()
         self._next_housekeeping = 0.0
+        self._sender: OutboxSender | None = None
         self._wake = Wakeup()
         self._lock = threading.Lock()
         # Run id -> (set when the run is done here, its lease), for every run in flight.
@@ -110,6 +112,9 @@ class Worker:
         if connection.vendor == "postgresql":
             self._listener = ReadyListener()
         self.keeper.start()
+        if channels():  # notifications to deliver: a thread of their own (they wait on I/O)
+            self._sender = OutboxSender(self.clock)
+            self._sender.start()
         self._slots = [_Slot(self, n) for n in range(self.concurrency)]
         self._free = list(self._slots)
         log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s", self.owner,
@@ -201,6 +206,9 @@ class Worker:
         for slot in self._slots:
             slot.stop()  # a slot stuck in a call it never returns from dies with the process
         self.keeper.stop()
+        if self._sender is not None:
+            self._sender.stop()
+            self._sender.join(timeout=SEND_TIMEOUT + 1)
         if self._listener is not None:
             self._listener.close()
         self._wake.close()

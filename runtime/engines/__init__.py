@@ -98,6 +98,24 @@ def engine(using: str = DEFAULT_DB_ALIAS) -> Engine:
     return found
 
 
+def write_approvals_in_tx(plan: Plan) -> None:
+    """The plan's approval rows (moves first: a new approval of a step needs the old one
+    moved), and the notifications they call for, in the caller's transaction: the outbox is
+    written with the approval's own events or not at all."""
+    from ..models import Approval
+    from ..outbox import event_of_move, outbox_enqueue_in_tx
+
+    move_approvals(plan)
+    if plan.approval_create is not None:
+        draft = plan.approval_create
+        draft.payload["approval_id"] = Approval.objects.create(**draft.fields).pk
+        outbox_enqueue_in_tx(draft.payload["approval_id"], "approval.requested", plan.at)
+    for move in plan.approval_moves:
+        event = event_of_move(move.fields.get("status", ""))
+        if event is not None:
+            outbox_enqueue_in_tx(move.pk, event, plan.at)
+
+
 def move_approvals(plan: Plan) -> None:
     """The plan's approval compare-and-sets, in the caller's transaction (rare: a pause, a
     consumption, a decision; through the ORM on both engines)."""

@@ -22,9 +22,9 @@ from django.db.models import CharField, DateTimeField, Func, TextField, Value
 from .. import crashpoints
 from ..audit import build_events
 from ..crashpoints import CrashPoint
-from ..models import Approval, Event, Step
+from ..models import Event, Step
 from ..plan import Plan
-from . import Committed, Refused, database_time, fill, move_approvals
+from . import Committed, Refused, database_time, fill, write_approvals_in_tx
 from .sql import (
     EVENT_COLUMNS,
     STEP_COLUMNS,
@@ -80,10 +80,7 @@ class PostgresEngine:
         return self._execute(db, plan, clock)
 
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
-        move_approvals(plan)  # first: a new approval of a step needs the old one moved
-        if plan.approval_create is not None:
-            draft = plan.approval_create
-            draft.payload["approval_id"] = Approval.objects.create(**draft.fields).pk
+        write_approvals_in_tx(plan)
         committed = self._execute(connections[DEFAULT_DB_ALIAS], plan, clock)
         crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=plan.run_id,
                             step_index=plan.last_step_index())

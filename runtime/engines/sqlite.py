@@ -15,9 +15,8 @@ from .. import crashpoints
 from ..audit import build_events
 from ..backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from ..crashpoints import CrashPoint
-from ..models import Approval
 from ..plan import Plan
-from . import Committed, Refused, fill, move_approvals
+from . import Committed, Refused, fill, write_approvals_in_tx
 from .sql import (
     EVENT_COLUMNS,
     STEP_COLUMNS,
@@ -115,10 +114,7 @@ class SqliteEngine:
 
     def _apply(self, db: Any, plan: Plan, clock: Any, prepared: tuple | None) -> Committed:
         now = clock.now()  # inside the transaction: a time read before the lock is stale
-        move_approvals(plan)  # first: a new approval of a step needs the old one moved
-        if plan.approval_create is not None:
-            draft = plan.approval_create
-            draft.payload["approval_id"] = Approval.objects.create(**draft.fields).pk
+        write_approvals_in_tx(plan)
         if prepared is None:
             prepared = self._prepare(db, plan)
         d, rows, seq, head, run, inserts, updates, events, event_values = prepared

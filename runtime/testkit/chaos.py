@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..crashpoints import CrashPoint
+from ..crashpoints import OUTBOX_POINTS, CrashPoint
 from ..errors import AgentRuntimeError
 from ..models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
 from ..procs import die_with_parent
@@ -29,7 +29,8 @@ from .operator import APPROVE, REJECT, Decision, decide, resolve_with
 AGENTS = "runtime.testkit.agents.AGENTS"
 KINDS = ["read", "charge", "send", "reconcile-check", "reconcile-wait", "reconcile-conflict",
          "charge-approved"]
-ARMABLE = [str(point) for point in CrashPoint]  # every point, in the enum's order
+# every point of a run's steps, in the enum's order
+ARMABLE = [str(point) for point in CrashPoint if point not in OUTBOX_POINTS]
 
 
 @dataclass

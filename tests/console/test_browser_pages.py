@@ -220,3 +220,27 @@ def test_the_admin_shows_the_global_audit_chain_and_the_checkpoints(interrupted,
     expect(page.locator("#result_list td.field-by")).to_have_text("ada")
     assert page.evaluate("() => document.documentElement.scrollWidth <= innerWidth")
     shot(page, "admin-checkpoints.png")
+
+
+def test_the_approval_page_shows_who_was_told(interrupted, people, log_in, settings, clock):
+    from runtime.clock import ManualClock
+    from runtime.outbox import outbox_deliver_due
+
+    settings.RUNTIME = {**settings.RUNTIME, "NOTIFY": [
+        {"name": "ops-hook", "kind": "webhook", "target": "http://127.0.0.1:9/hook"},
+        {"name": "mail", "kind": "email", "target": "ops@example.com, lead@example.com"}]}
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    waiting = interrupted()
+    outbox_deliver_due(ManualClock(clock.now()))
+    people("ada", DECIDE)
+    for size, name in ((None, "approval-notified.png"), (PHONE, "approval-notified-phone.png")):
+        page = log_in("ada")
+        if size is not None:
+            page.set_viewport_size(size)
+        page.goto(f"/approvals/{waiting.approval.pk}/")
+        rows = page.get_by_test_id("notification")
+        expect(rows).to_have_count(2)
+        expect(page.get_by_test_id("notifications")).to_contain_text("delivered")
+        assert page.evaluate("() => document.documentElement.scrollWidth <= innerWidth")
+        page.get_by_test_id("notifications").scroll_into_view_if_needed()
+        shot(page, name)
