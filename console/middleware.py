@@ -12,7 +12,6 @@ from django.conf import settings
 from django.contrib.auth import logout, middleware
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import resolve_url
-from django_htmx.http import HttpResponseClientRedirect
 
 # Where the session keeps the time of its person's last request (seconds since the epoch).
 LAST_SEEN = "console_last_seen"
@@ -22,13 +21,17 @@ SEEN_RESOLUTION_SECONDS = 60
 
 
 class LoginRequiredMiddleware(middleware.LoginRequiredMiddleware):
-    """Django's LoginRequiredMiddleware, except that an htmx request (a poll, a swap) whose
-    session has ended gets a client redirect to the login page instead of having the login
-    page swapped into a fragment of the console."""
+    """Django's LoginRequiredMiddleware, except that an htmx request (a poll, a swap, a
+    decision) whose session has ended gets a 401 carrying a client redirect to the login page:
+    htmx follows ``HX-Redirect`` whatever the status, and a script posting as htmx can never
+    take the answer for success (a 200 with a redirect header it might ignore)."""
 
     def handle_no_permission(self, request: HttpRequest, view_func: Any) -> HttpResponse:
         if getattr(request, "htmx", False):
-            return HttpResponseClientRedirect(resolve_url(self.get_login_url(view_func)))
+            response = HttpResponse("Your session has ended: log in again.\n", status=401,
+                                    content_type="text/plain; charset=utf-8")
+            response["HX-Redirect"] = resolve_url(self.get_login_url(view_func))
+            return response
         return super().handle_no_permission(request, view_func)
 
 

@@ -244,3 +244,15 @@ def test_the_approval_page_shows_who_was_told(interrupted, people, log_in, setti
         assert page.evaluate("() => document.documentElement.scrollWidth <= innerWidth")
         page.get_by_test_id("notifications").scroll_into_view_if_needed()
         shot(page, name)
+
+
+def test_a_page_whose_session_ended_goes_to_the_login_page_on_its_next_poll(interrupted, people,
+                                                                           log_in):
+    from django.contrib.sessions.models import Session
+
+    interrupted()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    expect(page.locator("tr[data-id]")).to_have_count(1)
+    Session.objects.all().delete()  # the session ends (idle timeout, logout elsewhere)
+    expect(page).to_have_url(re.compile(r"/login/"), timeout=15_000)  # the poll's 401 took it

@@ -200,7 +200,7 @@ def test_an_idle_session_ends_on_the_next_poll_too(make_user, settings):
     session.save()
     poll = client.get("/pending-count/", HTTP_HX_TRIGGER="nav-pending",
                       HTTP_HX_TARGET="nav-pending", **HTMX)
-    assert poll["HX-Redirect"] == "/login/"
+    assert poll.status_code == 401 and poll["HX-Redirect"] == "/login/"
 
 
 def test_polls_do_not_keep_a_session_alive_but_the_persons_requests_do(make_user, settings):

@@ -22,9 +22,13 @@ def test_every_page_needs_a_login(rdb, url):
     assert response["Location"].startswith("/login/?next=")
 
 
-def test_an_htmx_poll_after_logout_redirects_the_whole_page(rdb):
-    response = Client().get("/", HTTP_HX_REQUEST="true")
-    assert response.status_code == 200 and response["HX-Redirect"] == "/login/"
+def test_an_htmx_request_after_logout_is_a_401_that_redirects_the_whole_page(rdb):
+    """Never a 200: a program posting a decision as htmx must not read success into it."""
+    for response in (Client().get("/", HTTP_HX_REQUEST="true"),
+                     Client().post("/approvals/1/", {"decision": "approve"},
+                                   HTTP_HX_REQUEST="true")):
+        assert response.status_code == 401 and response["HX-Redirect"] == "/login/"
+        assert response.content == b"Your session has ended: log in again.\n"
 
 
 def test_healthz_and_login_page_are_public(rdb):
