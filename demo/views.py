@@ -10,12 +10,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.utils.cache import patch_cache_control
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from console.permissions import viewing
+from runtime.canonical import parse_json
+from runtime.errors import InvalidPayload
 from runtime.models import Approval, Step
 
 from . import world
@@ -76,5 +80,37 @@ def outside_world(request: HttpRequest) -> HttpResponse:
     found = origins(r.get("idempotency_key") or "" for rows in ledger.values() for r in rows)
     shown = {name: _shown(rows, found) for name, rows in ledger.items()}
     response = render(request, "demo/world.html", {"key": key, "ledger": shown})
+    patch_cache_control(response, private=True, no_store=True)
+    return response
+
+
+MAX_HOOK_BYTES = 64 * 1024
+
+
+@csrf_exempt
+@login_not_required
+@require_http_methods(["POST"])
+def notification_hook(request: HttpRequest) -> HttpResponse:
+    """The demo chat's webhook receiver (the runtime's notifications are sent here by the demo's
+    workers): JSON only, bounded, kept once by idempotency key. Mounted only with the demo."""
+    if len(request.body) > MAX_HOOK_BYTES:
+        return HttpResponse("too large\n", status=413, content_type="text/plain")
+    try:
+        body = parse_json("notification", request.body)
+    except (InvalidPayload, ValueError):
+        return HttpResponseBadRequest("not JSON\n", content_type="text/plain")
+    if not isinstance(body, dict) or not isinstance(body.get("idempotency_key"), str):
+        return HttpResponseBadRequest("no idempotency_key\n", content_type="text/plain")
+    new = world.receive_notification(body)
+    return HttpResponse("kept\n" if new else "repeat dropped\n", content_type="text/plain")
+
+
+@viewing
+@require_http_methods(["GET"])
+def notifications(request: HttpRequest) -> HttpResponse:
+    """What the ops team's chat received: each approval notification once, with how many
+    deliveries it took and a link to the approval."""
+    response = render(request, "demo/notifications.html",
+                      {"received": world.notifications_received()})
     patch_cache_control(response, private=True, no_store=True)
     return response

@@ -35,6 +35,14 @@ SCHEMA = {
         CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY, idempotency_key TEXT,
             recipient TEXT NOT NULL, subject TEXT NOT NULL, body TEXT NOT NULL, at TEXT NOT NULL);
     """,
+    # The ops team's chat: the runtime's approval notifications, as a webhook receiver keeps
+    # them (one row per key, however often it was delivered).
+    "chat": """
+        CREATE TABLE IF NOT EXISTS received (id INTEGER PRIMARY KEY,
+            idempotency_key TEXT NOT NULL UNIQUE, event TEXT NOT NULL, approval_id INTEGER,
+            title TEXT NOT NULL, link TEXT NOT NULL, deliveries INTEGER NOT NULL,
+            first_at TEXT NOT NULL, last_at TEXT NOT NULL);
+    """,
 }
 CUSTOMERS = [("Ada Lovelace", "ada@example.com"), ("Grace Hopper", "grace@example.com"),
              ("Alan Turing", "alan@example.com"), ("Edsger Dijkstra", "edsger@example.com"),
@@ -148,3 +156,27 @@ def ledger(key: str = "") -> dict[str, list[dict[str, Any]]]:
         out["mails"] = [dict(r) for r in conn.execute(
             f"SELECT * FROM outbox {where} ORDER BY id DESC LIMIT 200", args)]
     return out
+
+
+def receive_notification(body: dict[str, Any]) -> bool:
+    """The chat's webhook: keep a notification once by its idempotency key (a repeat only
+    counts a delivery); True if it was new."""
+    key, now = str(body["idempotency_key"])[:200], _now()
+    approval = body.get("approval") or {}
+    with _db("chat") as conn:
+        conn.executescript(SCHEMA["chat"])
+        cur = conn.execute(
+            "INSERT INTO received (idempotency_key, event, approval_id, title, link, deliveries,"
+            " first_at, last_at) VALUES (?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT (idempotency_key) "
+            "DO UPDATE SET deliveries = deliveries + 1, last_at = excluded.last_at "
+            "RETURNING deliveries",
+            (key, str(body.get("event", ""))[:40], approval.get("id"),
+             str(approval.get("title", ""))[:300], str(body.get("link", ""))[:500], now, now))
+        return cur.fetchone()[0] == 1
+
+
+def notifications_received() -> list[dict[str, Any]]:
+    ensure_schema()
+    with _db("chat") as conn:
+        return [dict(r) for r in conn.execute(
+            "SELECT * FROM received ORDER BY id DESC LIMIT 200")]

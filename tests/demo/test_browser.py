@@ -85,3 +85,32 @@ def test_the_outside_world_on_a_phone_links_back_to_the_approval(demo_world, log
     shot(page, "demo-world-390.png")
     refund.get_by_test_id("approval-link").click()
     expect(page).to_have_url(re.compile(rf"/approvals/{approval.pk}/$"))
+
+
+def test_a_notification_reaches_the_demo_chat_over_http(demo_world, log_in, server, settings):
+    """The outbox posts to the demo's receiver on the real server; the chat page shows it once
+    and links to the approval."""
+    from datetime import UTC, datetime, timedelta
+
+    from runtime.clock import ManualClock
+    from runtime.models import Notification
+    from runtime.outbox import outbox_deliver_due
+
+    base = server.ready()
+    settings.RUNTIME = {**settings.RUNTIME, "NOTIFY": [
+        {"name": "chat", "kind": "webhook", "target": f"{base}/demo/notifications/hook/"}],
+        "APPROVAL_URL": f"{base}/approvals/{{id}}/"}
+    approval = interrupted_refund(demo_world, CrashPoint.AFTER_TOOL_EFFECT)
+    # The kit's clock ran ahead of the wall clock while leases lapsed: deliver "later".
+    assert outbox_deliver_due(ManualClock(datetime.now(UTC) + timedelta(hours=1))) == 1
+    assert Notification.objects.get(approval_id=approval.pk).status == "delivered"
+    User.objects.create_user("olga", password=PASSWORD).user_permissions.add(
+        Permission.objects.get(codename="view_run", content_type__app_label="runtime"))
+    page = log_in("olga")
+    page.goto("/demo/notifications/")
+    row = page.get_by_test_id("received-row")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("approval.requested")
+    shot(page, "demo-chat.png")
+    row.get_by_role("link").click()
+    expect(page).to_have_url(re.compile(rf"/approvals/{approval.pk}/$"))

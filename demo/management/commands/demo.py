@@ -149,8 +149,10 @@ class Command(BaseCommand):
         return [{"point": point, "step_index": step, "occurrence": occurrence}]
 
     def spawn(self, name: str, args: list[str], *, arm: bool) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUNTIME_DEMO": "1",
-               "RUNTIME_DEMO_LLM": self.opts["llm"]}
+        site = f"http://{self.opts['host']}:{self.opts['port']}"
+        env = {"RUNTIME_NOTIFY_WEBHOOK": f"{site}/demo/notifications/hook/",  # the ops chat
+               "RUNTIME_APPROVAL_URL": f"{site}/approvals/{{id}}/", **os.environ,
+               "PYTHONUNBUFFERED": "1", "RUNTIME_DEMO": "1", "RUNTIME_DEMO_LLM": self.opts["llm"]}
         env.pop("RUNTIME_CRASH_POINTS", None)
         arms = self.arms() if arm else []
         if arms:
