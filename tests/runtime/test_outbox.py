@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from runtime.errors import SimulatedCrash
 from runtime.models import Approval, Notification, NotificationAttempt
 from runtime.outbox import CLAIM_SECONDS, OutboxSender, channels, outbox_deliver_due
 from tests.kit import Ledger, make_tools
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -112,6 +114,20 @@ def test_no_notification_for_a_pause_that_rolled_back(settings, receiver, paused
     with pytest.raises(SimulatedCrash):
         paused()
     assert not Approval.objects.exists() and not Notification.objects.exists()
+
+
+def test_a_crash_right_after_the_pause_commits_loses_no_notification(settings, receiver, paused,
+                                                                     crash, clock):
+    """The process that paused dies before anything is sent: the notification is in the
+    database with the approval, and any worker's sender delivers it."""
+    notify(settings, receiver.url)
+    crash(CrashPoint.AFTER_PAUSE, step_index=1)
+    with pytest.raises(SimulatedCrash):
+        paused()
+    approval = Approval.objects.get()
+    assert Notification.objects.get().approval_id == approval.pk and receiver.got == []
+    assert outbox_deliver_due(clock) == 1
+    assert [b["approval"]["id"] for _, b in receiver.got] == [approval.pk]
 
 
 def test_delivery_to_a_real_http_server_is_recorded(settings, receiver, paused, clock):
@@ -289,3 +305,15 @@ def test_a_malformed_channel_is_refused_naming_it(settings, bad, message):
     settings.RUNTIME = {**settings.RUNTIME, "NOTIFY": [bad]}
     with pytest.raises(ImproperlyConfigured, match=message):
         channels()
+
+
+@pytest.mark.slow
+def test_a_worker_process_delivers_and_a_sigterm_stops_its_sender(settings, receiver, paused,
+                                                                   spawn):
+    notify(settings, receiver.url)
+    paused()
+    worker = spawn("--poll-interval", "0.1", env={"RUNTIME_NOTIFY_WEBHOOK": receiver.url})
+    wait_until(lambda: Notification.objects.get().status == "delivered", what="a delivery")
+    assert len(receiver.got) == 1
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()
