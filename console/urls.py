@@ -4,7 +4,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-from . import approvals, runs, schedules, views, workers
+from . import api, approvals, runs, schedules, views, workers
 
 console_patterns = [
     path("", approvals.queue, name="queue"),
@@ -24,6 +24,7 @@ console_patterns = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", api.urls()),
     path("healthz", views.healthz, name="healthz"),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin's, error pages).
     path("favicon.ico", views.favicon),

@@ -94,11 +94,13 @@ def _decide(
         if not approval_request_intact(approval):
             raise ApprovalConflict(approval_id, "its stored request does not match its digest, "
                                    "so what it shows is not what would run; it can only be "
-                                   "rejected", status=approval.status)
+                                   "rejected", status=approval.status,
+                                   reason_code="stale")
         _check_four_eyes(approval, by)
     if approval.digest != request_digest(step.tool, step.arguments, step.effect):
         raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
-                               "the request this approval was for", status=approval.status)
+                               "the request this approval was for", status=approval.status,
+                               reason_code="stale")
     plan = Plan(run_id=run.pk, at=now, actor=by, head=run.event_hash,
                 fence=Fence(seq=run.event_seq, status=(RunStatus.WAITING,)))
     plan.approval_move(approval.pk, ApprovalStatus.PENDING, open_at=now, status=status,
@@ -113,7 +115,7 @@ def _decide(
         if approval_past_deadline(approval, now):
             raise _too_late(approval) from None
         raise ApprovalConflict(approval_id, "the run changed while deciding; try again",
-                               status=approval.status) from None
+                               status=approval.status, reason_code="retry") from None
     log_events(committed.rows)
     if plan.run.get("status") == RunStatus.QUEUED:
         notify_ready()
@@ -179,7 +181,8 @@ def approval_past_deadline(approval: Approval, now: datetime) -> bool:
 def _too_late(approval: Approval) -> ApprovalConflict:
     when = approval.expires_at.isoformat(timespec="seconds")
     return ApprovalConflict(approval.pk, f"already expired at {when}: too late to decide",
-                            status=ApprovalStatus.EXPIRED, decided_at=approval.expires_at)
+                            status=ApprovalStatus.EXPIRED, decided_at=approval.expires_at,
+                            reason_code="expired")
 
 
 def approvals_expire(now: datetime, *, limit: int = 100) -> list[int]:

@@ -47,7 +47,14 @@ class RunNotFound(AgentRuntimeError):
 
 
 class ApprovalConflict(AgentRuntimeError):
-    """The approval was already decided, or its request no longer matches the step (stale)."""
+    """The approval was already decided, or its request no longer matches the step (stale).
+
+    ``reason_code`` says which, so callers (the JSON API) need not parse ``reason``:
+    ``decided`` (someone decided first), ``expired`` (its deadline passed), ``stale`` (the
+    request it holds is not the one that would run) or ``retry`` (the run changed meanwhile;
+    deciding again may succeed)."""
+
+    REASON_CODES = ("decided", "expired", "stale", "retry")
 
     def __init__(
         self,
@@ -57,9 +64,11 @@ class ApprovalConflict(AgentRuntimeError):
         status: str = "",
         decided_by: str = "",
         decided_at: datetime | None = None,
+        reason_code: str = "decided",
     ) -> None:
         self.approval_id, self.reason, self.status = approval_id, reason, status
         self.decided_by, self.decided_at = decided_by, decided_at
+        self.reason_code = reason_code
         super().__init__(reason)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.lookups import GreaterThan
 
 from .approvals import RESOLVABLE, approval_request_intact, four_eyes_blocks, pending
@@ -58,6 +58,27 @@ def approval_queue(kind: str | None = None, agent: str | None = None,
             rows += list(qs.filter(expires_at__isnull=True)[: limit + 1 - len(rows)])
     else:
         rows = list(qs[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def approvals_after(after: tuple[datetime, int] | None, limit: int) -> tuple[list[Approval], bool]:
+    """Pending approvals in the queue's order (oldest first) after the keyset ``after``
+    (created_at, id), at most ``limit`` of them, and whether there are more. Keyset, not
+    offset: a page deep in a long queue costs what the first does, and an approval decided
+    meanwhile shifts nothing."""
+    qs = pending()
+    if after is not None:
+        created, pk = after
+        qs = qs.filter(Q(created_at__gt=created) | Q(created_at=created, pk__gt=pk))
+    rows = list(qs[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def events_after(run_id: int, after_seq: int, limit: int) -> tuple[list[Event], bool]:
+    """A run's events after sequence number ``after_seq``, in order, at most ``limit`` of
+    them, and whether there are more (keyset on the unique (run, seq) index)."""
+    rows = list(Event.objects.filter(run_id=run_id, seq__gt=after_seq)
+                .order_by("seq")[: limit + 1])
     return rows[:limit], len(rows) > limit
 
 
