@@ -47,7 +47,7 @@ log = logging.getLogger("runtime.outbox")
 EVENTS = ("approval.requested", "approval.decided", "approval.expired")
 KINDS = ("webhook", "slack", "email")
 DECIDED = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.RESOLVED)
-CLAIM_SECONDS = 60.0  # a claimed message is sent again after this if its sender vanished
+CLAIM_SECONDS = 30.0  # a claimed message is sent again after this if its sender vanished
 SEND_TIMEOUT = 10.0
 
 

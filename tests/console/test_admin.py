@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from runtime import admin as runtime_admin
+from runtime import adminbase as runtime_admin
 from runtime.admin import (
     COUNT_CAP,
     ApprovalAdmin,
