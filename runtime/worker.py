@@ -111,6 +111,7 @@ class Worker:
             return 3
         if connection.vendor == "postgresql":
             self._listener = ReadyListener()
+            self._listener.fileno()  # LISTEN now, before the first claim: nothing slips by
         self.keeper.start()
         if channels():  # notifications to deliver: a thread of their own (they wait on I/O)
             self._sender = OutboxSender(self.clock)
