@@ -6,6 +6,7 @@ Registered in worker subprocesses with ``RUNTIME_AGENTS=runtime.benchkit.agents.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from runtime.agents import Agent, Budget
@@ -56,6 +57,20 @@ def steps_agent(name: str, tool_name: str, steps: int = STEPS) -> Agent:
     return Agent(name, ScriptedLLM(_script(tool_name, steps)), TOOLS, budget=budget)
 
 
+WAIT_SECONDS = 0.1  # bench_wait's LLM answers after this long, every call
+WAIT_TOOL_CALLS = 4  # bench_wait's runs: this many no-op reads, then the final answer
+
+
+def _waiting(decide: Any, seconds: float) -> Any:
+    """An LLM that takes ``seconds`` to answer (a sleep: the thread waits, as on a network)."""
+
+    def slow(transcript: Transcript) -> ToolCall | FinalAnswer:
+        time.sleep(seconds)
+        return decide(transcript)
+
+    return slow
+
+
 def _approve_writes(request: Request, run: Any) -> PolicyDecision:
     if request.effect == "side_effect":
         return RequireApproval("bench: approve a no-op write", f"n={request.arguments.get('n')}")
@@ -65,6 +80,10 @@ def _approve_writes(request: Request, run: Any) -> PolicyDecision:
 AGENTS = [
     steps_agent("bench_read", "bench_read"),
     steps_agent("bench_write", "bench_write"),
+    # Runs of 4 no-op reads and a final answer (5 steps) whose LLM answers after 100 ms: the
+    # in-flight section (``runtime.benchkit.inflight``).
+    Agent("bench_wait", ScriptedLLM(_waiting(_script("bench_read", WAIT_TOOL_CALLS),
+                                             WAIT_SECONDS)), TOOLS),
     # One step needing a person's approval: for approval-to-restart latency.
     Agent("bench_approve", ScriptedLLM(_script("bench_write", 1)), TOOLS,
           policy=_approve_writes),

@@ -42,12 +42,13 @@ def writer_use(outputs: list[str]) -> tuple[int, float, float]:
 class WorkerProc:
     """``manage.py runworker`` with its output in a file; reaped with its CPU time."""
 
-    def __init__(self, db: Path, log_dir: Path, args: list[str], tag: str) -> None:
+    def __init__(self, db: Path, log_dir: Path, args: list[str], tag: str,
+                 env: dict[str, str] | None = None) -> None:
         self.log_path = log_dir / f"{tag}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed when reaped
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "runworker", *args],
-            cwd=settings.BASE_DIR, env=subprocess_env(db), stdout=self._log,
+            cwd=settings.BASE_DIR, env={**subprocess_env(db), **(env or {})}, stdout=self._log,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.pid = self.proc.pid
         self.returncode: int | None = None

@@ -219,3 +219,51 @@ def render_console(r: dict[str, Any]) -> str:
     out.append(f"\nTotal {r['seconds']:.0f} s (build {r['build_seconds']:.0f} s, pages "
                f"{r['pages_seconds']:.0f} s).")
     return "\n".join(out)
+
+
+def render_inflight(r: dict[str, Any]) -> str:
+    """The ``--inflight`` section's table, as printed."""
+    m, z = r["machine"], r["sizes"]
+    fs = "" if r["fsyncs_measured"] else " (fsyncs: not measured, no C compiler)"
+    out = [f"agent-runtime bench --inflight{' (--quick)' if r['quick'] else ''}: SQLite "
+           f"{m['sqlite']}, Python {m['python']}, {m['cpus']} CPUs, database in "
+           f"{m['directory']}{fs}", "",
+           f"Real runworker processes on a fresh SQLite file per line; runs of "
+           f"{r['steps_per_run']} steps ({r['steps_per_run'] - 1} no-op reads, then the final "
+           f"answer); {z['warm']:g} s warm-up,", f"then a {z['window']:g} s window: steps/s and "
+           "latency from the events in it; write transactions and fsyncs per step over the "
+           "workers' whole life.", ""]
+
+    def na(v: float | None, fmt: str) -> str:
+        return "n/m" if v is None else format(v, fmt)
+
+    head = ("  in flight  avg  steps/s  {extra}  p50 ms  p99 ms  cpu ms/step  plan commits/step"
+            "  write tx/step  fsyncs/step  writer held  locked")
+
+    def row(x: dict[str, Any], extra: str) -> str:
+        return (f"  {x['in_flight']:9} {x['in_flight_avg']:5.0f} {x['steps_per_s']:8.0f}  "
+                f"{extra}  {x['p50_ms']:6.1f} {x['p99_ms']:7.1f} {x['cpu_ms_per_step']:12.2f}"
+                f" {x['plan_commits_per_step']:18.2f} {na(x['write_tx_per_step'], '.2f'):>14}"
+                f" {na(x['fsyncs_per_step'], '.2f'):>12} {x['writer_held']:12.0%}"
+                f" {x['locked_errors']:7}")
+
+    out += [f"1. In flight: one process, runworker --concurrency N, LLM answers after "
+            f"{r['wait_ms']:.0f} ms (ideal: N x {1000 / r['wait_ms']:.0f} steps/s)",
+            head.format(extra="  ideal  % ideal")]
+    for x in r["levels"]:
+        out.append(row(x, f"{x['ideal_steps_per_s']:6.0f} {x['percent_of_ideal']:7.1f}%"))
+    for key, title in (("nowait", "2. No wait: one process, zero-latency LLM"),
+                       ("processes", "3. Processes: N processes x 1 thread, zero-latency LLM")):
+        out += ["", title, head.format(extra="  x first")]
+        for x in r[key]:
+            out.append(row(x, f"{x['ratio']:8.2f}"))
+    out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
+            " a step.started to the run's next step.started (or its end);",
+            "   plan commits: distinct (run, time) of the window's events; write tx: the "
+            "workers' writer-queue count (their stop line); fsyncs: fsync + fdatasync",
+            "   counted in the workers (LD_PRELOAD); writer held: share of the workers' active "
+            "span some worker held the write lock; n/m: not measured.", "", "Targets"]
+    for t in r["targets"]:
+        out.append(f"   [{'met' if t['met'] else 'NOT MET':>7}] {t['target']}: {t['figure']}")
+    out.append(f"\nTotal {r['seconds']:.0f} s.")
+    return "\n".join(out)

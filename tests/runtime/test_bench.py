@@ -172,3 +172,42 @@ def test_bench_console_quick_times_every_page_on_the_data_set_asked_for(tmp_path
     assert all({"target", "met", "figure"} <= set(t) for t in data["targets"])
     assert data["build_seconds"] > 0 and data["seconds"] > 0
     assert "Targets" in proc.stdout and "p95 ms" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_inflight_quick_reports_every_level(tmp_path):
+    """``bench --inflight --quick`` runs real workers at every level and reports each one's
+    figures, measured (not their values: speed targets are the benchmark's, not the tests')."""
+    out = tmp_path / "inflight.json"
+    env = {**os.environ, "RUNTIME_VAR_DIR": str(tmp_path / "var")}
+    env.pop("DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "manage.py", "bench", "--inflight", "--quick",
+                           "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["section"] == "inflight" and data["quick"] is True
+    assert [x["in_flight"] for x in data["levels"]] == [1, 16, 64]
+    assert [x["in_flight"] for x in data["nowait"]] == [1, 16]
+    assert [x["processes"] for x in data["processes"]] == [1, 2]
+    for x in data["levels"]:
+        assert x["ideal_steps_per_s"] == x["in_flight"] * 10
+        assert x["percent_of_ideal"] == pytest.approx(
+            100 * x["steps_per_s"] / x["ideal_steps_per_s"])
+    for x in data["levels"] + data["nowait"] + data["processes"]:
+        assert x["steps_per_s"] > 0 and x["steps"] > 0, x
+        assert x["p99_ms"] >= x["p50_ms"] > 0, x
+        assert x["locked_errors"] == 0 and x["tracebacks"] == 0, x
+        assert x["failed_runs"] == 0 and not any(x["exit_codes"]) and not x["overran"], x
+        assert x["write_transactions"] > 0 and x["plan_commits_per_step"] > 0, x
+        assert x["fsyncs_per_step"] is None or x["fsyncs_per_step"] > 0, x
+    for line in ("nowait", "processes"):
+        assert data[line][0]["ratio"] == 1.0
+    names = [t["target"] for t in data["targets"]]
+    assert any("ideal" in n and "64 in flight" in n for n in names)
+    assert any(n.startswith("no wait: 16 in flight") for n in names)
+    assert any(n.startswith("2 processes") for n in names)
+    assert any("database is locked" in n for n in names)
+    assert all(isinstance(t["met"], bool) and t["figure"] for t in data["targets"])
+    assert "Targets" in proc.stdout and "% ideal" in proc.stdout
+    assert not list((tmp_path / "var").glob("bench-*"))  # its databases were removed

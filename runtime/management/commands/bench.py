@@ -8,6 +8,10 @@ there, against SQLite measured in the same run (``runtime.benchkit.postgres``).
 ``--console`` is a section of its own (the data set takes a while to build): the console's and
 the admin's pages on 100,000 runs, 10,000 pending approvals, 1,000,000 events and a 5,000-step
 run, each page's server time (p50, p95), queries and size (``runtime.benchkit.pages``).
+
+``--inflight`` is another: real ``runworker`` processes with 1 to 256 runs in flight whose LLM
+answers after 100 ms, the same with no wait, and 1, 2, 4 processes, measured from the database
+(``runtime.benchkit.inflight``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connections
 
-from runtime.benchkit import postgres, procs, report, scale
+from runtime.benchkit import inflight, postgres, procs, report, scale
 from runtime.benchkit.ceiling import ceiling
 from runtime.benchkit.db import bench_database, point_default_at, use_database
 from runtime.benchkit.floor import cpu_scaling, floor
@@ -68,6 +72,9 @@ class Command(BaseCommand):
         parser.add_argument("--console", action="store_true",
                             help="only the console section: build a large data set and time "
                                  "each console and admin page")
+        parser.add_argument("--inflight", action="store_true",
+                            help="only the in-flight section: runworker with 1 to 256 runs in "
+                                 "flight (LLM 100 ms), no wait, and 1, 2, 4 processes")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         quick, self.verbosity = opts["quick"], opts["verbosity"]
@@ -79,6 +86,13 @@ class Command(BaseCommand):
             results = self.measure_console(QUICK if quick else FULL, quick,
                                            opts["keep"])
             render = report.render_console
+        elif opts["inflight"]:
+            with bench_database(keep=opts["keep"]) as path:
+                results = inflight.measure(path, quick, self.step)
+            results["machine"] = {"sqlite": sqlite3.sqlite_version,
+                                  "python": platform.python_version(),
+                                  "cpus": os.cpu_count() or 1, "directory": str(path.parent)}
+            render = report.render_inflight
         elif connections["default"].vendor == "postgresql":
             size = {k: v[1] if quick else v[0] for k, v in PG_SIZES.items()}
             results = self.measure_postgres(size, quick, opts["keep"])

@@ -1,0 +1,289 @@
+"""``manage.py bench --inflight``: many runs in flight per worker, measured as the runtime is.
+
+Each level runs real ``manage.py runworker`` processes on a fresh copy of a freshly migrated
+SQLite file (``var/bench-<pid>/``), with enough runs queued beforehand to keep every slot busy
+through a warm-up and a measured window; then the workers are stopped (SIGTERM by pid) and
+everything is read from the database and from the workers' own stop lines:
+
+- steps/s: ``step.started`` events whose time falls in the window, over the window;
+- step latency: a ``step.started`` to the run's next ``step.started`` (or to ``run.succeeded``
+  / ``run.failed`` for its last step), for the steps started in the window;
+- runs in flight: each run's time between its first event after ``run.created`` (its claim)
+  and its last one, overlapping the window, summed, over the window;
+- plan commits per step: distinct (run, time) pairs among the events in the window (one plan,
+  one transaction today), over the steps in the window;
+- write transactions per step: the workers' own count (their stop line: transactions that took
+  SQLite's write lock through the runtime's writer queue) over every step they ran;
+- fsyncs per step: ``fsync`` + ``fdatasync`` calls counted in the worker processes by a tiny
+  ``LD_PRELOAD`` library compiled here with the system's C compiler (none: "not measured"),
+  over every step they ran;
+- "database is locked" and tracebacks: counted in the workers' output.
+
+Three lines: **in flight** (one process, ``--concurrency N``, an LLM answering after 100 ms:
+the ideal is N x 10 steps/s), **no wait** (zero-latency LLM, 1 and 16 in flight) and
+**processes** (1, 2, 4 processes of one thread each, zero-latency LLM).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import time
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from django.db.models import Max, Min
+
+from runtime.models import Event, Run
+
+from .agents import WAIT_SECONDS, WAIT_TOOL_CALLS
+from .db import point_default_at
+from .procs import LOCKED, WorkerProc, pct, writer_use
+from .steps import create_runs
+
+STEPS_PER_RUN = WAIT_TOOL_CALLS + 1  # tool steps, then the final answer's step
+# (default, --quick)
+SIZES: dict[str, tuple[Any, Any]] = {
+    "levels": ((1, 16, 64, 256), (1, 16, 64)),
+    "nowait": ((1, 16), (1, 16)),
+    "processes": ((1, 2, 4), (1, 2)),
+    "warm": (3.0, 0.5),
+    "window": (10.0, 2.0),
+}
+# Runs queued for a level with no LLM wait: enough for this many steps/s through the warm-up and
+# the window (several times what one SQLite file gives today); a queue that runs dry is reported.
+NOWAIT_STEPS_PER_S = 1_500
+RAMP_TIMEOUT = 10.0  # seconds given a level's workers to have every slot busy (reported)
+
+FSYNC_SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+static unsigned long n_fsync, n_fdatasync;
+static int (*real_fsync)(int);
+static int (*real_fdatasync)(int);
+int fsync(int fd) {
+    if (!real_fsync) real_fsync = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    __atomic_add_fetch(&n_fsync, 1, __ATOMIC_RELAXED);
+    return real_fsync(fd);
+}
+int fdatasync(int fd) {
+    if (!real_fdatasync) real_fdatasync = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    __atomic_add_fetch(&n_fdatasync, 1, __ATOMIC_RELAXED);
+    return real_fdatasync(fd);
+}
+__attribute__((destructor)) static void bench_fsync_report(void) {
+    const char *dir = getenv("BENCH_FSYNC_DIR");
+    char path[4096];
+    FILE *f;
+    if (!dir) return;
+    snprintf(path, sizeof path, "%s/fsync-%d.txt", dir, (int)getpid());
+    f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%lu %lu\n", n_fsync, n_fdatasync);
+    fclose(f);
+}
+"""
+
+
+def fsync_counter(directory: Path) -> dict[str, str] | None:
+    """Environment that makes a worker count its fsyncs, or None when no C compiler works."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    source, lib = directory / "fsyncount.c", directory / "fsyncount.so"
+    source.write_text(FSYNC_SOURCE)
+    made = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(source), "-ldl"],
+                          capture_output=True, text=True, timeout=60)
+    if made.returncode != 0 or not lib.exists():
+        return None
+    counts = directory / "fsyncs"
+    counts.mkdir(exist_ok=True)
+    return {"LD_PRELOAD": str(lib), "BENCH_FSYNC_DIR": str(counts)}
+
+
+def _fsyncs(env: dict[str, str] | None, workers: list[WorkerProc]) -> int | None:
+    """fsync + fdatasync calls of these workers (None if any of them did not report)."""
+    if env is None:
+        return None
+    total = 0
+    for w in workers:
+        found = Path(env["BENCH_FSYNC_DIR"]) / f"fsync-{w.pid}.txt"
+        if not found.exists():
+            return None
+        total += sum(int(x) for x in found.read_text().split())
+    return total
+
+
+def level(template: Path, directory: Path, tag: str, *, agent: str, processes: int,
+          concurrency: int, warm: float, window: float, fsync_env: dict[str, str] | None,
+          steps_per_s_bound: float) -> dict[str, Any]:
+    """One configuration on a fresh copy of ``template``: queue, run, measure, stop."""
+    db = directory / f"{tag}.sqlite3"
+    shutil.copyfile(template, db)
+    point_default_at(db)
+    logs = directory / "logs"
+    logs.mkdir(exist_ok=True)
+    slots = processes * concurrency
+    runs = slots + math.ceil(steps_per_s_bound * (warm + window + 3) / STEPS_PER_RUN)
+    ids = create_runs(agent, runs, None if agent == "bench_wait" else WAIT_TOOL_CALLS)
+    lo, hi = min(ids), max(ids)
+    workers = [WorkerProc(db, logs, ["--concurrency", str(concurrency)], f"{tag}-{i}",
+                          env=fsync_env) for i in range(processes)]
+    try:
+        began = time.monotonic()
+        running = Run.objects.filter(pk__gte=lo, pk__lte=hi, status="running")
+        while running.count() < slots and time.monotonic() - began < RAMP_TIMEOUT:
+            if any(w.exited() for w in workers):
+                raise RuntimeError(f"a worker of {tag} exited early:\n"
+                                   + next(w for w in workers if w.exited()).output()[-2000:])
+            time.sleep(0.05)
+        ramp = time.monotonic() - began
+        time.sleep(warm)
+        cpu0, t0 = sum(w.cpu_seconds_now() for w in workers), datetime.now(UTC)
+        time.sleep(window)
+        cpu1, t1 = sum(w.cpu_seconds_now() for w in workers), datetime.now(UTC)
+    finally:
+        for w in workers:  # one SIGTERM each (a second one makes a worker leave at once)
+            if not w.exited():
+                os.kill(w.pid, signal.SIGTERM)
+        codes = [w.wait(60) for w in workers]
+    seconds = (t1 - t0).total_seconds()
+    mine = Event.objects.filter(run_id__gte=lo, run_id__lte=hi)
+    rows = list(mine.filter(kind__in=("step.started", "run.succeeded", "run.failed"))
+                .order_by("run_id", "seq").values_list("run_id", "kind", "at"))
+    by_run: dict[int, list[tuple[str, datetime]]] = defaultdict(list)
+    for run_id, kind, at in rows:
+        by_run[run_id].append((kind, at))
+    counted, latencies, all_steps = 0, [], 0
+    for events in by_run.values():
+        for i, (kind, at) in enumerate(events):
+            if kind != "step.started":
+                continue
+            all_steps += 1
+            if not t0 <= at < t1:
+                continue
+            counted += 1
+            if i + 1 < len(events):  # a step ended by a release (the stop) has no latency
+                latencies.append((events[i + 1][1] - at).total_seconds() * 1000)
+    spans = list(mine.exclude(kind="run.created").values("run_id")
+                 .annotate(first=Min("at"), last=Max("at")).values_list("first", "last"))
+    in_flight = sum(max(0.0, (min(b, t1) - max(a, t0)).total_seconds()) for a, b in spans)
+    starts = sorted(a for a, _ in spans)
+    commits = (mine.filter(at__gte=t0, at__lt=t1).exclude(kind="run.created")
+               .values_list("run_id", "at").distinct().count())
+    outputs = [w.output() for w in workers]
+    transactions, held, _waited = writer_use(outputs)
+    fsyncs = _fsyncs(fsync_env, workers)
+    # The workers' active span: the first claim to the last event (start-up and stop aside).
+    active = (max(b for _, b in spans) - starts[0]).total_seconds() if spans else 0.0
+    return {
+        "processes": processes, "concurrency": concurrency, "in_flight": slots,
+        "agent": agent, "runs_queued": runs,
+        "unclaimed": runs - bisect_left(starts, t1),  # never started before the window's end
+        "ramp_seconds": ramp, "window_seconds": seconds, "steps": counted,
+        "steps_per_s": counted / seconds if seconds else 0.0,
+        "in_flight_avg": in_flight / seconds if seconds else 0.0,
+        "p50_ms": pct(latencies, 0.50), "p99_ms": pct(latencies, 0.99),
+        "max_ms": max(latencies, default=0.0),
+        "cpu_ms_per_step": 1000 * (cpu1 - cpu0) / max(counted, 1),
+        "plan_commits_per_step": commits / max(counted, 1),
+        "worker_steps": all_steps, "write_transactions": transactions,
+        "write_tx_per_step": transactions / all_steps if all_steps else None,
+        "writer_held": held / active if active else 0.0,
+        "fsyncs": fsyncs, "fsyncs_per_step": (fsyncs / all_steps if fsyncs is not None
+                                              and all_steps else None),
+        "failed_runs": sum(1 for e in by_run.values() if e and e[-1][0] == "run.failed"),
+        "locked_errors": sum(o.count(LOCKED) for o in outputs),
+        "tracebacks": sum(o.count("Traceback") for o in outputs),
+        "exit_codes": codes, "overran": any(w.overran for w in workers),
+    }
+
+
+def measure(path: Path, quick: bool, step: Callable[[str], None]) -> dict[str, Any]:
+    """Every line of the section; ``path`` is the bench's freshly migrated database."""
+    size = {k: v[1] if quick else v[0] for k, v in SIZES.items()}
+    directory = path.parent
+    template = directory / "inflight-template.sqlite3"
+    point_default_at(path)  # closes every connection: the copy is the migrated file as is
+    shutil.copyfile(path, template)
+    fsync_env = fsync_counter(directory)
+    common = {"template": template, "directory": directory, "warm": size["warm"],
+              "window": size["window"], "fsync_env": fsync_env}
+    r: dict[str, Any] = {"section": "inflight", "quick": quick, "sizes": size,
+                         "wait_ms": WAIT_SECONDS * 1000, "steps_per_run": STEPS_PER_RUN,
+                         "fsyncs_measured": fsync_env is not None}
+    try:
+        r["levels"] = []
+        for n in size["levels"]:
+            step(f"in flight: {n}, LLM {WAIT_SECONDS * 1000:.0f} ms")
+            x = level(tag=f"wait-{n}", agent="bench_wait", processes=1, concurrency=n,
+                      steps_per_s_bound=n / WAIT_SECONDS, **common)
+            x["ideal_steps_per_s"] = n / WAIT_SECONDS
+            x["percent_of_ideal"] = 100 * x["steps_per_s"] / x["ideal_steps_per_s"]
+            r["levels"].append(x)
+        r["nowait"] = []
+        for n in size["nowait"]:
+            step(f"no wait: {n} in flight")
+            r["nowait"].append(level(tag=f"nowait-{n}", agent="bench_read", processes=1,
+                                     concurrency=n, steps_per_s_bound=NOWAIT_STEPS_PER_S,
+                                     **common))
+        r["processes"] = []
+        for n in size["processes"]:
+            step(f"processes: {n} x 1 thread, no wait")
+            r["processes"].append(level(tag=f"procs-{n}", agent="bench_read", processes=n,
+                                        concurrency=1, steps_per_s_bound=NOWAIT_STEPS_PER_S,
+                                        **common))
+    finally:
+        point_default_at(path)
+    for line in ("nowait", "processes"):
+        base = max(r[line][0]["steps_per_s"], 1e-9)
+        for x in r[line]:
+            x["ratio"] = x["steps_per_s"] / base
+    r["targets"] = targets(r)
+    return r
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets for this section, each met or not, with its figure."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, met: bool, figure: str) -> None:
+        out.append({"target": name, "met": bool(met), "figure": figure})
+
+    at = {x["in_flight"]: x for x in r["levels"]}
+    top = at.get(64) or r["levels"][-1]
+    add(f">= 80% of the ideal steps/s at {top['in_flight']} in flight "
+        f"(LLM {r['wait_ms']:.0f} ms)", top["percent_of_ideal"] >= 80,
+        f"{top['steps_per_s']:.0f} of {top['ideal_steps_per_s']:.0f} steps/s = "
+        f"{top['percent_of_ideal']:.0f}%")
+    nw = {x["in_flight"]: x for x in r["nowait"]}
+    if 1 in nw and 16 in nw:
+        add("no wait: 16 in flight >= 2 x one in flight", nw[16]["ratio"] >= 2,
+            f"{nw[16]['steps_per_s']:.0f} vs {nw[1]['steps_per_s']:.0f} steps/s = "
+            f"{nw[16]['ratio']:.2f}x")
+    pr = {x["processes"]: x for x in r["processes"]}
+    if 1 in pr and 2 in pr:
+        add("2 processes >= 1.6 x one", pr[2]["ratio"] >= 1.6,
+            f"{pr[2]['steps_per_s']:.0f} vs {pr[1]['steps_per_s']:.0f} steps/s = "
+            f"{pr[2]['ratio']:.2f}x")
+    every = r["levels"] + r["nowait"] + r["processes"]
+    locked = sum(x["locked_errors"] for x in every)
+    add('no "database is locked" in any worker\'s output', locked == 0, f"{locked} found")
+    bad = [f"{x['in_flight']} ({x['processes']} proc)" for x in every
+           if x["failed_runs"] or x["tracebacks"] or x["overran"] or any(x["exit_codes"])]
+    add("no failed run, traceback or unclean worker exit", not bad,
+        "none" if not bad else "at " + ", ".join(bad))
+    dry = [str(x["in_flight"]) for x in every if x["unclaimed"] == 0]
+    add("the queue never ran dry during a window", not dry,
+        "never" if not dry else "ran dry at " + ", ".join(dry))
+    return out
