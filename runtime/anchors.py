@@ -10,13 +10,12 @@ the triggers, a signed checkpoint kept off the database shows (``runtime.checkpo
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from django.db import connections
 
-from .canonical import dumps
+from .canonical import chain_hash, dumps
 
 # Any constant works; it only has to be the one every run creation takes on PostgreSQL.
 _CREATION_LOCK = 0x72756E6372656174  # "runcreat"
@@ -27,7 +26,7 @@ def creation_hash(prev_hash: str, *, seq: int, run_id: int, agent: str, created_
     body = dumps({"seq": seq, "run": run_id, "agent": agent, "created_by": created_by,
                   "at": at.astimezone(UTC).isoformat(timespec="microseconds"),
                   "first": first_hash})
-    return hashlib.sha256((prev_hash + "\n" + body).encode()).hexdigest()
+    return chain_hash(prev_hash, body)
 
 
 def run_creation_append_in_tx(run_id: int, agent: str, created_by: str, at: datetime,

@@ -6,7 +6,6 @@ database triggers' back (or a deleted row) breaks the chain at a findable place.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Iterable, Sequence
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .canonical import dumps
+from .canonical import chain_hash, dumps
 
 logger = logging.getLogger("runtime.events")
 
@@ -65,7 +64,7 @@ def event_hash(
         {"run": run_id, "seq": seq, "kind": kind, "step": step_index, "payload": payload,
          "actor": actor, "at": _iso(at)}
     )
-    return hashlib.sha256((prev_hash + "\n" + body).encode()).hexdigest()
+    return chain_hash(prev_hash, body)
 
 
 @dataclass(slots=True)
@@ -108,7 +107,7 @@ def build_events(
         own = prefix if spec.actor is None else (
             f'{{"actor":{_str(spec.actor)},"at":"{_iso(at)}","kind":')
         body = f'{own}{_str(spec.kind)},"payload":{text}{suffix}{seq},"step":{step}}}'
-        head = hashlib.sha256((head + "\n" + body).encode()).hexdigest()
+        head = chain_hash(head, body)
         rows.append(EventRow(run_id, spec.step_index, seq, spec.kind, spec.payload, text,
                              actor if spec.actor is None else spec.actor, at, head))
     return rows, seq, head

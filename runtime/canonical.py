@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -155,3 +156,19 @@ def parse_json(what: str, text: str | bytes, **options: Any) -> Any:
 def request_digest(tool: str, arguments: Any, effect: str) -> str:
     """The digest an approval is bound to: the decided request, nothing else."""
     return digest({"tool": tool, "arguments": arguments, "effect": effect})
+
+
+def chain_hash(prev: str, body: str) -> str:
+    """The next link of a hash chain (a run's events, the global creations, a schedule's
+    changes, the checkpoints): SHA-256 of the previous link and this entry's canonical JSON."""
+    return hashlib.sha256((prev + "\n" + body).encode()).hexdigest()
+
+
+def parse_time(text: Any) -> datetime | None:
+    """A recorded ISO time, or None when absent or not a time (a comparison then shows it)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from .anchors import creations_head
-from .canonical import dumps
+from .canonical import chain_hash, dumps
 from .errors import AuditKeyError, CheckpointRefused
 from .files import open_private
 
@@ -51,7 +51,7 @@ def _sign(body: dict[str, Any], key: bytes) -> str:
 
 
 def _row_hash(prev: str, fields: dict[str, Any]) -> str:
-    return hashlib.sha256((prev + "\n" + dumps(fields)).encode()).hexdigest()
+    return chain_hash(prev, dumps(fields))
 
 
 def heads_digest(heads: list[list]) -> str:

@@ -38,7 +38,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from .canonical import dumps
+from .canonical import dumps, parse_time
 from .models import (
     Approval,
     ApprovalKind,
@@ -171,8 +171,8 @@ def replay_events(events: Iterable[tuple[str, int | None, Any, datetime]]) -> Re
             run.created_by = p.get("created_by", "")
             origin = p.get("schedule") or {}
             run.schedule_id = origin.get("id")
-            run.occurrence_at = _parse_time(origin.get("occurrence"))
-            run.authorized_at = _parse_time(origin.get("authorized_at"))
+            run.occurrence_at = parse_time(origin.get("occurrence"))
+            run.authorized_at = parse_time(origin.get("authorized_at"))
         elif kind in ("run.started", "run.resumed"):
             run.status = RunStatus.RUNNING
         elif kind in ("lease.taken", "lease.taken_over"):
@@ -270,7 +270,7 @@ def _requested(out: Replayed, step: StepState, p: dict[str, Any], at: datetime) 
     out.approvals[pk] = ApprovalState(
         pk, step.index, kind, p.get("tool", ""), p.get("arguments"), p.get("effect", ""),
         p.get("digest", ""), str(p.get("title", ""))[:300], at,
-        expires_at=_parse_time(p.get("expires_at")))
+        expires_at=parse_time(p.get("expires_at")))
 
 
 def _decided(a: ApprovalState, step: StepState, kind: str, p: dict[str, Any],
@@ -413,16 +413,6 @@ def _whole(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_whole(v) for v in value]
     return value
-
-
-def _parse_time(text: Any) -> datetime | None:
-    """An event's ISO time, or None (absent, or not a time: then the row comparison shows it)."""
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return None
 
 
 def _show(value: Any) -> str:

@@ -8,22 +8,14 @@ Not replayed: ``next_fire_at`` (firing moves it without an event; each firing is
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
-from .canonical import dumps
+from .canonical import dumps, parse_time
 from .schedules import schedule_event_hash
 
 FIELDS = ("name", "agent", "input", "cron", "interval_seconds", "timezone", "enabled",
           "authorize_side_effects", "authorized_by", "authorized_at", "removed_at",
           "created_by", "created_at")
-
-
-def _time(text: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
 
 
 def _replay(events: list[Any]) -> dict[str, Any]:
@@ -43,7 +35,7 @@ def _replay(events: list[Any]) -> dict[str, Any]:
         elif e.kind in ("schedule.authorized", "schedule.unauthorized"):
             new = p.get("authorize_side_effects", {}).get("new", {})
             state["authorize_side_effects"] = bool(new.get("on"))
-            state["authorized_by"], state["authorized_at"] = new.get("by", ""), _time(
+            state["authorized_by"], state["authorized_at"] = new.get("by", ""), parse_time(
                 new.get("at"))
         elif e.kind == "schedule.removed":
             state["enabled"], state["removed_at"] = False, e.at

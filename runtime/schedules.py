@@ -16,7 +16,6 @@ schedule once).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +27,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import JSONField, Value
 
 from .agents import get_agent
-from .canonical import check_payload, dumps
+from .canonical import chain_hash, check_payload, dumps
 from .errors import InvalidPayload, InvalidSchedule, ScheduleNotFound, UnknownAgent
 from .models import Run, Schedule, ScheduleEvent
 
@@ -128,7 +127,7 @@ def schedule_event_hash(prev: str, *, schedule_id: int, seq: int, kind: str, pay
                         actor: str, at: datetime) -> str:
     body = dumps({"schedule": schedule_id, "seq": seq, "kind": kind, "payload": payload,
                   "actor": actor, "at": at.astimezone(UTC).isoformat(timespec="microseconds")})
-    return hashlib.sha256((prev + "\n" + body).encode()).hexdigest()
+    return chain_hash(prev, body)
 
 
 def _append_in_tx(schedule: Schedule, kind: str, payload: dict[str, Any], actor: str,
