@@ -33,10 +33,14 @@ class CrashPoint(StrEnum):
     IN_TRANSACTION = "in_transaction"  # inside a state transaction, before its commit
     # The outbox (not a run's step): a notification sent, its attempt not yet recorded.
     AFTER_NOTIFICATION_SENT = "after_notification_sent"
+    # A group commit of two or more plans, every plan applied, before its COMMIT (not a step's:
+    # which runs share a group depends on timing).
+    IN_GROUP_COMMIT = "in_group_commit"
 
 
 # Points outside a run's steps: the crash matrix and the chaos soak's step points leave them out.
-OUTBOX_POINTS = frozenset({CrashPoint.AFTER_NOTIFICATION_SENT})
+OFF_STEP_POINTS = frozenset({CrashPoint.AFTER_NOTIFICATION_SENT,
+                             CrashPoint.IN_GROUP_COMMIT})
 
 
 @dataclass
@@ -93,8 +97,10 @@ def arm_from_env() -> None:
     arm(arms, mode="kill", reached_file=Path(reached) if reached else None)
 
 
-def reached(point: CrashPoint, *, run_id: int | None = None, step_index: int | None = None) -> None:
-    """Mark that execution passed ``point``; crash here if the test kit armed it."""
+def reached(point: CrashPoint, *, run_id: int | None = None, step_index: int | None = None,
+            detail: dict | None = None) -> None:
+    """Mark that execution passed ``point``; crash here if the test kit armed it (``detail``
+    goes into the reached file's record)."""
     armed = _armed
     if armed is None:
         return
@@ -104,7 +110,8 @@ def reached(point: CrashPoint, *, run_id: int | None = None, step_index: int | N
             return
         hit.fired = True
         if armed.reached_file is not None:
-            record = {"point": str(point), "run_id": run_id, "step_index": step_index}
+            record = {"point": str(point), "run_id": run_id, "step_index": step_index,
+                      **({"detail": detail} if detail else {})}
             with open(armed.reached_file, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
                 fh.flush()

@@ -1,8 +1,11 @@
 """The SQLite committer: a plan's statements prepared before the write lock, run between a lean
-``BEGIN IMMEDIATE`` and ``COMMIT``, with the lease judged by the clock read inside it."""
+``BEGIN IMMEDIATE`` and ``COMMIT``, with the lease judged by the clock read inside it. The plans
+of a process's runs in flight are written in groups, one transaction and one sync for all that
+are waiting (``runtime.engines.group``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -17,6 +20,7 @@ from ..backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from ..crashpoints import CrashPoint
 from ..plan import Plan
 from . import Committed, Refused, fill, write_approvals_in_tx
+from .group import Ticket, group_committer
 from .sql import (
     EVENT_COLUMNS,
     STEP_COLUMNS,
@@ -69,6 +73,21 @@ def execute(db: Any, sql: str, params: Any) -> Any:
         return db.connection.execute(sql, params)
 
 
+def groups(db: Any) -> bool:
+    """Whether ``db``'s commits may join a group: the runtime's backend on a file, outside
+    any atomic block (a commit inside one is the caller's transaction)."""
+    return (isinstance(db, QueuedSQLite) and not db.in_atomic_block
+            and not db.is_in_memory_db())
+
+
+@contextmanager
+def _group_transaction() -> Iterator[Any]:
+    """A group's write transaction on this thread's connection; yields a statement runner."""
+    db = connections[DEFAULT_DB_ALIAS]
+    with db.write_transaction():
+        yield lambda sql: execute(db, sql, ())
+
+
 def write_transaction(*, lean: bool = True) -> Any:
     """``transaction.atomic()``; if ``lean`` (nothing inside saves through the ORM), on the
     runtime's SQLite backend outside any atomic block, its leaner ``write_transaction()``
@@ -87,6 +106,12 @@ class SqliteEngine:
         db = connections[DEFAULT_DB_ALIAS]
         prepared = None if plan.approval_create else self._prepare(db, plan)
         lean = plan.approval_create is None and not plan.approval_moves
+        if lean and groups(db):
+            def apply() -> Committed:  # on the leader's thread: its connection
+                return self._apply(connections[DEFAULT_DB_ALIAS], plan, clock, prepared)
+
+            committer = group_committer(os.path.abspath(db.settings_dict["NAME"]))
+            return committer.commit(Ticket(plan, apply), _group_transaction)
         with write_transaction(lean=lean):
             return self._apply(db, plan, clock, prepared)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..crashpoints import OUTBOX_POINTS, CrashPoint
+from ..crashpoints import OFF_STEP_POINTS, CrashPoint
 from ..errors import AgentRuntimeError
 from ..models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
 from ..procs import die_with_parent
@@ -30,7 +30,7 @@ AGENTS = "runtime.testkit.agents.AGENTS"
 KINDS = ["read", "charge", "send", "reconcile-check", "reconcile-wait", "reconcile-conflict",
          "charge-approved"]
 # every point of a run's steps, in the enum's order
-ARMABLE = [str(point) for point in CrashPoint if point not in OUTBOX_POINTS]
+ARMABLE = [str(point) for point in CrashPoint if point not in OFF_STEP_POINTS]
 
 
 @dataclass

@@ -46,6 +46,7 @@ class Reached:
 
     requested: list[tuple[int | None, Crash, str]] = field(default_factory=list)
     hits: list[tuple[int | None, str, int | None]] = field(default_factory=list)
+    details: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (point, detail)
 
     def expect(self, run_id: int | None, crash: Crash, detail: str = "") -> None:
         self.requested.append((run_id, crash, detail))
@@ -60,6 +61,8 @@ class Reached:
         lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
         for rec in lines:
             self.hit(rec.get("run_id"), rec["point"], rec.get("step_index"))
+            if rec.get("detail"):
+                self.details.append((rec["point"], rec["detail"]))
         return len(lines)
 
     def was_hit(self, run_id: int | None, crash: Crash) -> bool:

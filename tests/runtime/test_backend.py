@@ -200,6 +200,10 @@ def test_write_transaction_is_refused_inside_an_atomic_block(rdb):
     assert Worker.objects.filter(owner="outer").exists()
 
 
+def _waiter_threads() -> int:
+    return sum(t.name == "sqlite-writer-queue" for t in threading.enumerate())
+
+
 def _hold_in_another_process(db: Path, ready: Path) -> subprocess.Popen:
     script = ("import fcntl, os, sys, time\n"
               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
@@ -217,11 +221,13 @@ def test_a_writer_gives_up_after_the_timeout_with_database_is_locked(rdb, tmp_pa
 
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "timeout", 0.3)
     holder = _hold_in_another_process(rdb, tmp_path / "holding")
+    waiters = _waiter_threads()
     try:
-        for begin in (transaction.atomic, connection.write_transaction):
+        for begin in (transaction.atomic, connection.write_transaction, transaction.atomic):
             with pytest.raises(OperationalError, match="database is locked"), begin():
                 _add_worker("never")
         assert not Worker.objects.exists()
+        assert _waiter_threads() <= waiters + 1  # one waiter thread, not one per wait
     finally:
         holder.kill()
         holder.wait(10)

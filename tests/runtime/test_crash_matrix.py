@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.crashpoints import OUTBOX_POINTS
+from runtime.crashpoints import OFF_STEP_POINTS
 from runtime.models import Approval, ApprovalStatus, Event, Run, Step
 from runtime.testkit import APPROVE, REJECT, Crash, CrashPoint, ProcessKit, resolve_with
 from tests.procs import ROOT
@@ -71,7 +71,7 @@ def plan() -> list[Cell]:
     """Every reachable (crash point, kind); unreachable ones are absent from the table."""
     cells = []
     for point in P:
-        if point in OUTBOX_POINTS:  # not a step's: tests/runtime/test_outbox.py
+        if point in OFF_STEP_POINTS:  # not a step's: test_outbox.py, test_group_commit.py
             continue
         for kind in KINDS:
             phases = [Crash(point, step_index=2)]
@@ -238,7 +238,7 @@ def write_table(cells: list[Cell], runs: int, before, after, out: Path) -> None:
     lines = ["| crash point | " + " | ".join(KINDS) + " |",
              "|---|" + "---|" * len(KINDS)]
     for point in P:
-        if point in OUTBOX_POINTS:
+        if point in OFF_STEP_POINTS:
             continue
         row = []
         for kind in KINDS:

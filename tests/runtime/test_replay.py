@@ -43,7 +43,7 @@ from runtime.audit import EVENT_KINDS
 from runtime.benchkit.db import use_database
 from runtime.canonical import request_digest
 from runtime.claims import run_release
-from runtime.crashpoints import OUTBOX_POINTS, CrashPoint
+from runtime.crashpoints import OFF_STEP_POINTS, CrashPoint
 from runtime.driver import Driver
 from runtime.errors import CrashNotReached, RunLeased, RunNotResumable, SimulatedCrash
 from runtime.models import TERMINAL_RUN_STATUSES, Approval, Event, Run, RunStatus, Step
@@ -440,7 +440,7 @@ def test_a_randomised_in_process_soak_replays_clean_at_every_stage(edb, tmp_path
     rng = random.Random(20240611)
     kit = InProcessKit(Ledger(tmp_path / "ledger.jsonl"), lease_seconds=1)
     names = [a.name for a in KIT_AGENTS]
-    points = [p for p in CrashPoint if p not in OUTBOX_POINTS]
+    points = [p for p in CrashPoint if p not in OFF_STEP_POINTS]
 
     def choose(approval):
         roll = rng.random()

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,44 @@ def _process_lock(path: str) -> threading.Lock:
     """One lock per database in this process: its threads wait on it, not on the flock."""
     with _stats_lock:
         return _process_locks.setdefault(path, threading.Lock())
+
+
+@dataclass
+class _FlockRequest:
+    """A blocking flock for the waiter thread to take on ``fd`` (a duplicate it closes)."""
+
+    fd: int
+    got: threading.Event = field(default_factory=threading.Event)
+    failed: list[OSError] = field(default_factory=list)
+
+
+def _waiter_loop(requests: queue.SimpleQueue[_FlockRequest]) -> None:
+    while True:
+        request = requests.get()
+        try:
+            fcntl.flock(request.fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            request.failed.append(exc)
+        finally:
+            request.got.set()
+            os.close(request.fd)
+
+
+_waiters: dict[str, tuple[int, queue.SimpleQueue[_FlockRequest]]] = {}
+
+
+def _waiter(path: str) -> queue.SimpleQueue[_FlockRequest]:
+    """The requests of this process's one waiter thread for ``path`` (one thread for every
+    contended wait, not a thread each: threads of a process queue on its lock first, so one
+    of them at most waits here; a forked child starts a waiter of its own)."""
+    with _stats_lock:
+        found = _waiters.get(path)
+        if found is None or found[0] != os.getpid():
+            requests: queue.SimpleQueue[_FlockRequest] = queue.SimpleQueue()
+            threading.Thread(target=_waiter_loop, args=(requests,), daemon=True,
+                             name="sqlite-writer-queue").start()
+            found = _waiters[path] = (os.getpid(), requests)
+        return found[1]
 
 
 _local_files: set[str] = set()  # databases found on a local file system, by this process
@@ -140,34 +179,22 @@ class DatabaseWrapper(SQLiteWrapper):
     def _writer_wait(self, timeout: float) -> None:
         """Queue for the lock in the kernel for at most ``timeout`` seconds.
 
-        A helper thread makes the blocking call on a duplicate of the descriptor (a flock
-        belongs to the open file, which both share) and closes the duplicate once it returns:
-        the lock then stays with ``self._writer_fd``. Past the timeout this thread closes its
-        own descriptor and gives up, so the lock, whenever the helper gets it, goes with the
-        helper's duplicate, the file's last descriptor.
+        The process's waiter thread for this file makes the blocking call on a duplicate of
+        the descriptor (a flock belongs to the open file, which both share) and closes the
+        duplicate once it returns: the lock then stays with ``self._writer_fd``. Past the
+        timeout this thread closes its own descriptor and gives up, so the lock, whenever the
+        waiter gets it, goes with the waiter's duplicate, the file's last descriptor.
         """
         fd = self._writer_fd
-        duplicate = os.dup(fd)
-        got = threading.Event()
-        failed: list[OSError] = []
-
-        def wait() -> None:
-            try:
-                fcntl.flock(duplicate, fcntl.LOCK_EX)
-            except OSError as exc:
-                failed.append(exc)
-            finally:
-                got.set()
-                os.close(duplicate)
-
-        threading.Thread(target=wait, daemon=True, name="sqlite-writer-queue").start()
-        if not got.wait(timeout):
+        request = _FlockRequest(os.dup(fd))
+        _waiter(os.path.abspath(f"{self.settings_dict['NAME']}.writer")).put(request)
+        if not request.got.wait(timeout):
             os.close(fd)
             self._writer_fd = None
             raise OperationalError(
                 f"database is locked (waited {timeout:.1f} s in the writer queue)")
-        if failed:
-            raise OperationalError(f"the writer queue's lock failed: {failed[0]}")
+        if request.failed:
+            raise OperationalError(f"the writer queue's lock failed: {request.failed[0]}")
 
     def _writer_unlock(self) -> None:
         if self._writer_since is None:

@@ -1,0 +1,233 @@
+"""runtime.engines.group: the commits of a process's runs in flight share one SQLite transaction;
+each plan keeps its own fence, one plan's failure rolls back alone, and a fault or a crash loses
+the whole group and nothing else."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, OperationalError
+
+from runtime.claims import run_acquire
+from runtime.clock import SYSTEM_CLOCK
+from runtime.crashpoints import CrashPoint
+from runtime.engines import sqlite as sqlite_engine
+from runtime.engines.group import GroupCommitter, Ticket, group_committer, write_group
+from runtime.errors import LeaseLost, SimulatedCrash
+from runtime.models import Event, Run, Step, StepStatus
+from runtime.plan import Plan
+from runtime.store import Lease, lease_commit, lease_plan, run_create
+from runtime.testkit import APPROVE, Crash, ProcessKit
+from tests.kit import Background
+from tests.procs import ROOT
+
+pytestmark = pytest.mark.engines("sqlite")  # group commit is how SQLite's single writer scales
+
+
+def leases(n: int) -> list[Lease]:
+    out = []
+    for i in range(n):
+        run = run_create("grouped", {"i": i}, created_by="test", now=SYSTEM_CLOCK.now())
+        out.append(run_acquire(run.pk, "owner-a", lease_seconds=60).lease)
+    return out
+
+
+def noted(lease: Lease, note: str) -> Plan:
+    plan = lease_plan(lease, SYSTEM_CLOCK.now())
+    plan.event("llm.failed", {"note": note})
+    return plan
+
+
+def committer() -> GroupCommitter:
+    return group_committer(os.path.abspath(settings.DATABASES["default"]["NAME"]))
+
+
+def wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
+    """Wait (bounded) for a state another thread reaches: synchronisation, not a guess."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+class Holder:
+    """A group of one that holds the write lock until released, so every commit made meanwhile
+    queues behind it and is written as the next group."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.inside, self.release = threading.Event(), threading.Event()
+        plan = noted(lease, "holder")
+
+        def apply() -> None:
+            self.inside.set()
+            assert self.release.wait(10)
+
+        self.job = Background(lambda: committer().commit(Ticket(plan, apply),
+                                                        sqlite_engine._group_transaction))
+        assert self.inside.wait(10)
+
+    def queue_then_release(self, n: int) -> None:
+        wait_until(lambda: len(committer()._queue) == n, f"{n} plans queued")
+        self.release.set()
+        self.job.thread.join(10)
+
+
+def commit_in_background(lease: Lease, plan: Plan) -> Background:
+    return Background(lambda: lease_commit(lease, plan, SYSTEM_CLOCK))
+
+
+def test_a_plan_alone_commits_on_its_own_thread_as_a_group_of_one(rdb):
+    (lease,) = leases(1)
+    before = committer().stats.groups
+    lease_commit(lease, noted(lease, "alone"), SYSTEM_CLOCK)
+    assert committer().stats.groups == before + 1
+    assert Event.objects.filter(run_id=lease.run_id, kind="llm.failed").count() == 1
+
+
+def test_plans_arriving_while_a_group_is_written_are_written_together_next(rdb):
+    first, *others = leases(5)
+    holder = Holder(first)
+    before = committer().stats.groups
+    jobs = [commit_in_background(lease, noted(lease, "grouped")) for lease in others]
+    holder.queue_then_release(len(others))
+    for job in jobs:
+        job.thread.join(10)
+        assert job.error is None
+    stats = committer().stats
+    assert stats.groups == before + 2  # the holder's, then one for all four
+    assert stats.largest >= 4
+    for lease in others:
+        run = Run.objects.get(pk=lease.run_id)
+        assert (run.event_seq, run.event_hash) == lease.position  # each its own chain head
+        assert Event.objects.filter(run_id=lease.run_id, kind="llm.failed").count() == 1
+
+
+def test_a_refused_plan_rolls_back_alone_and_the_others_commit(rdb):
+    first, lost, *kept = leases(4)
+    # Someone else moved ``lost`` on: its plan's fence (chain head) no longer holds.
+    lease_commit(Lease(lost.run_id, lost.owner, lost.epoch, lost.expires_at, lost.position,
+                       seconds=60), noted(lost, "elsewhere"), SYSTEM_CLOCK)
+    stale = lease_plan(Lease(lost.run_id, lost.owner, lost.epoch, lost.expires_at,
+                             (lost.position[0] - 1, "0" * 64), seconds=60), SYSTEM_CLOCK.now())
+    stale.event("llm.failed", {"note": "stale"})
+    holder = Holder(first)
+    refused = Background(lambda: lease_commit(Lease(lost.run_id, lost.owner, lost.epoch,
+                                                    lost.expires_at, (stale.fence.seq,
+                                                                      stale.head), seconds=60),
+                                              stale, SYSTEM_CLOCK))
+    jobs = [commit_in_background(lease, noted(lease, "kept")) for lease in kept]
+    holder.queue_then_release(1 + len(kept))
+    refused.thread.join(10)
+    for job in jobs:
+        job.thread.join(10)
+        assert job.error is None
+    assert isinstance(refused.error, LeaseLost)
+    assert not Event.objects.filter(payload__note="stale").exists()
+    assert Event.objects.filter(payload__note="kept").count() == len(kept)
+
+
+def test_a_plan_failing_half_way_is_undone_to_its_savepoint_and_the_others_commit(rdb):
+    first, broken, *kept = leases(4)
+    Step.objects.create(run_id=broken.run_id, index=0, status=StepStatus.SUCCEEDED,
+                        started_at=SYSTEM_CLOCK.now())
+    before = Run.objects.get(pk=broken.run_id)
+    bad = noted(broken, "half")  # its run row is updated, then its step insert collides
+    bad.step_insert(Step(run_id=broken.run_id, index=0, status=StepStatus.DECIDING,
+                         started_at=SYSTEM_CLOCK.now()))
+    holder = Holder(first)
+    failing = commit_in_background(broken, bad)
+    jobs = [commit_in_background(lease, noted(lease, "kept")) for lease in kept]
+    holder.queue_then_release(1 + len(kept))
+    failing.thread.join(10)
+    for job in jobs:
+        job.thread.join(10)
+        assert job.error is None
+    assert isinstance(failing.error, IntegrityError)
+    after = Run.objects.get(pk=broken.run_id)
+    assert (after.event_seq, after.event_hash) == (before.event_seq, before.event_hash)
+    assert not Event.objects.filter(payload__note="half").exists()
+    assert Event.objects.filter(payload__note="kept").count() == len(kept)
+
+
+def test_a_crash_in_the_middle_of_a_group_loses_every_plan_of_it_and_nothing_else(rdb, crash):
+    first, *grouped = leases(4)
+    before = {lease.run_id: lease.position for lease in grouped}
+    holder = Holder(first)
+    crash(CrashPoint.IN_GROUP_COMMIT)
+    jobs = [commit_in_background(lease, noted(lease, "lost")) for lease in grouped]
+    holder.queue_then_release(len(grouped))
+    for job in jobs:
+        job.thread.join(10)
+        assert isinstance(job.error, SimulatedCrash)  # every plan of the group hears of it
+    assert not Event.objects.filter(payload__note="lost").exists()
+    for run_id, position in before.items():
+        run = Run.objects.get(pk=run_id)
+        assert (run.event_seq, run.event_hash) == position
+    lease_commit(first, noted(first, "after"), SYSTEM_CLOCK)  # the next group commits
+    assert Event.objects.filter(payload__note="after").count() == 1
+
+
+def _ticket(value: Any) -> Ticket:
+    plan = Plan(run_id=1, at=SYSTEM_CLOCK.now(), actor="a", fence=None, head="")  # type: ignore[arg-type]
+    return Ticket(plan, lambda: value)
+
+
+def test_a_fault_at_commit_loses_the_group_and_every_plan_hears_of_it():
+    said: list[str] = []
+
+    @contextmanager
+    def failing_commit():
+        yield said.append
+        raise OperationalError("disk I/O error")
+
+    batch = [_ticket(n) for n in range(3)]
+    write_group(batch, failing_commit)
+    assert said == ["SAVEPOINT plan", "RELEASE plan"] * 3
+    assert all(isinstance(t.error, OperationalError) and t.value is None for t in batch)
+
+
+def test_a_group_of_one_takes_no_savepoint():
+    said: list[str] = []
+
+    @contextmanager
+    def transaction():
+        yield said.append
+
+    (t,) = batch = [_ticket("x")]
+    write_group(batch, transaction)
+    assert said == [] and t.outcome() == "x"
+
+
+def test_a_worker_killed_in_the_middle_of_a_group_commit_loses_that_group_only(edb, tmp_path):
+    """A real worker process with 16 runs in flight dies inside a group commit of several
+    plans: none of that group's plans is in the database, every run's chain is whole, and after
+    a restart (an operator approving what is in doubt) every run ends with no side effect run
+    twice without an approval, counted by the outside world's ledger."""
+    kit = ProcessKit(edb, tmp_path, agents="runtime.testkit.agents.AGENTS",
+                     manage=ROOT / "manage.py", lease_seconds=2,
+                     env={"RUNTIME_TEST_DIR": str(tmp_path)})
+    runs = [kit.start("charge") for _ in range(16)]
+    kit.crash_worker(Crash(CrashPoint.IN_GROUP_COMMIT), extra=["--concurrency", "16"])
+    ((point, detail),) = kit.reached.details
+    assert point == str(CrashPoint.IN_GROUP_COMMIT) and len(detail["plans"]) >= 2
+    for p in detail["plans"]:
+        run = Run.objects.get(pk=p["run_id"])
+        assert run.event_seq == p["fence_seq"]  # nothing of the group's plan landed
+        assert not Event.objects.filter(run_id=run.pk, seq__gt=p["fence_seq"]).exists()
+    kit.check(runs)  # raises on a broken invariant: every chain whole, nothing run twice
+    for _ in range(10):
+        kit.drain(concurrency=8)
+        kit.operate(lambda approval: APPROVE)
+        if not Run.objects.filter(pk__in=runs).exclude(status="succeeded").exists():
+            break
+    assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {"succeeded"}
+    report = kit.check(runs)
+    assert report.runs == len(runs) and report.violations == []
+    executions = kit.ledger.executions()
+    assert all(executions[(run_id, 2)] >= 1 for run_id in runs)
