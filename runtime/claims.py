@@ -87,41 +87,68 @@ def run_claim_next(
     exclude: Sequence[int] = (),
     on_conflict: Callable[[], None] | None = None,
 ) -> Acquired | None:
-    """Claim the next runnable run, or None: runs whose lease expired or whose owner is
-    proved dead first (their steps wait), then queued runs, oldest first.
+    """Claim the next runnable run, or None (``run_claim_many`` for one run)."""
+    found = run_claim_many(owner, 1, lease_seconds=lease_seconds, clock=clock, agents=agents,
+                           dead_owners=dead_owners, exclude=exclude, on_conflict=on_conflict)
+    return found[0] if found else None
 
-    PostgreSQL locks the row it claims (``FOR UPDATE SKIP LOCKED``): workers never race for
-    one. SQLite has one writer: the run is read outside the write lock, and the claim's
-    compare-and-set decides; ``on_conflict`` hears of each claim another worker won first.
+
+def run_claim_many(
+    owner: str,
+    n: int,
+    *,
+    lease_seconds: float,
+    clock: Any = SYSTEM_CLOCK,
+    agents: Sequence[str] = (),
+    dead_owners: Sequence[str] = (),
+    exclude: Sequence[int] = (),
+    on_conflict: Callable[[], None] | None = None,
+) -> list[Acquired]:
+    """Claim up to ``n`` runnable runs in one transaction: runs whose lease expired or whose
+    owner is proved dead first (their steps wait), then queued runs, oldest first.
+
+    PostgreSQL locks the rows it claims (``FOR UPDATE SKIP LOCKED``): workers never race for
+    one. SQLite has one writer: the runs are read outside the write lock, and each claim's
+    compare-and-set decides (all of them in one group commit); ``on_conflict`` hears of each
+    claim another worker won first, and up to ``CANDIDATES`` rounds look again for the runs
+    lost that way.
     """
     protocol_check()
     eng = engine()
     looking = runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude)
+    out: list[Acquired] = []
     if eng.locks_rows:
-        try:
-            with eng.transaction():
-                for runs in looking:
-                    run = _with_expiry(runs.select_for_update(skip_locked=True), clock).first()
-                    if run is not None:
-                        return _take(run, owner, lease_seconds, clock, reason=_why(run),
-                                     locked=True)
-        except _Lost:  # the locked row's fence refused (the server's clock stepped back)
-            if on_conflict is not None:
-                on_conflict()
-        return None
+        with eng.transaction():
+            for runs in looking:
+                locked = _with_expiry(runs.select_for_update(skip_locked=True), clock)
+                for run in locked[:n - len(out)] if len(out) < n else ():
+                    try:
+                        out.append(_take(run, owner, lease_seconds, clock, reason=_why(run),
+                                         locked=True))
+                    except _Lost:  # the locked row's fence refused (the server's clock
+                        if on_conflict is not None:  # stepped back): nothing of it written
+                            on_conflict()
+        return out
     for runs in (_with_expiry(looking[0], clock), looking[1]):  # a queued run has no lease
         lost: list[int] = []
         for _ in range(CANDIDATES):
-            run = runs.exclude(pk__in=lost).first() if lost else runs.first()
-            if run is None:
+            want = n - len(out)
+            if want <= 0:
+                return out
+            candidates = list((runs.exclude(pk__in=lost) if lost else runs)[:want])
+            if not candidates:
                 break
-            try:
-                return _take(run, owner, lease_seconds, clock, reason=_why(run), locked=False)
-            except _Lost:
-                lost.append(run.pk)
-                if on_conflict is not None:
-                    on_conflict()
-    return None
+            for run, got in zip(candidates, _take_many(candidates, owner, lease_seconds, clock),
+                                strict=True):
+                if got is None:
+                    lost.append(run.pk)
+                    if on_conflict is not None:
+                        on_conflict()
+                else:
+                    out.append(got)
+            if len(candidates) < want or not lost:
+                break
+    return out
 
 
 CANDIDATES = 3  # SQLite: runs tried per claim before the worker looks again
@@ -167,15 +194,42 @@ def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,
           locked: bool) -> Acquired:
     """Claim (queued) or take over (running) ``run``: in the caller's transaction when it has
     locked the row, else in a commit of its own whose fence raises ``_Lost`` if the run moved."""
+    plan, step = _claim_plan(run, owner, seconds, clock, reason)
+    try:
+        committed = (engine().apply_in_tx(plan, clock) if locked
+                     else engine().commit(plan, clock))
+    except Refused:
+        raise _Lost() from None
+    return _claimed(run, plan, step, committed, seconds)
+
+
+def _take_many(runs: list[Run], owner: str, seconds: float, clock: Any) -> list[Acquired | None]:
+    """Claim or take over each of ``runs`` in one commit (SQLite); None where the run moved.
+    A database fault raises (whether the commit landed is unknown: those leases expire)."""
+    plans = [_claim_plan(run, owner, seconds, clock, _why(run)) for run in runs]
+    out: list[Acquired | None] = []
+    for run, (plan, step), result in zip(runs, plans, engine().commit_many(
+            [plan for plan, _step in plans], clock), strict=True):
+        if isinstance(result, Refused):
+            out.append(None)
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            out.append(_claimed(run, plan, step, result, seconds))
+    return out
+
+
+def _claim_plan(run: Run, owner: str, seconds: float, clock: Any,
+                reason: str) -> tuple[Plan, Step | None]:
+    """The commit that claims or takes over ``run``, and the step it marks interrupted."""
     epoch = run.lease_epoch + 1
     plan = Plan(run_id=run.pk, at=clock.now(), actor=owner, head=run.event_hash,
                 fence=Fence(seq=run.event_seq, epoch=run.lease_epoch, status=(run.status,),
                             expired=run.status == RunStatus.RUNNING and not reason),
                 take=TakeLease(owner, epoch, seconds), run={"status": RunStatus.RUNNING})
     step = None
-    taken_over = run.status == RunStatus.RUNNING
-    resumed = taken_over or run.lease_epoch > 0
-    if taken_over:
+    resumed = run.status == RunStatus.RUNNING or run.lease_epoch > 0
+    if run.status == RunStatus.RUNNING:
         step = _in_flight(run.pk)
         plan.event("lease.taken_over", {
             "owner": owner, "epoch": epoch, "lease_seconds": seconds,
@@ -188,19 +242,22 @@ def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,
     else:
         plan.event("lease.taken", {"owner": owner, "epoch": epoch, "lease_seconds": seconds})
         plan.event("run.resumed" if resumed else "run.started", {"owner": owner})
-    try:
-        committed = (engine().apply_in_tx(plan, clock) if locked
-                     else engine().commit(plan, clock))
-    except Refused:
-        raise _Lost() from None
-    interrupted = step.index if step is not None else None
+    return plan, step
+
+
+def _claimed(run: Run, plan: Plan, step: Step | None, committed: Any,
+             seconds: float) -> Acquired:
+    """The lease a committed claim gave, and ``run`` as it now is."""
+    taken_over = run.status == RunStatus.RUNNING
+    resumed = taken_over or run.lease_epoch > 0
     log_events(committed.rows)
+    owner, epoch = plan.take.owner, plan.take.epoch  # type: ignore[union-attr]
     run.status, run.lease_owner, run.lease_epoch = RunStatus.RUNNING, owner, epoch
     run.lease_expires_at, run.event_seq, run.event_hash = (committed.expires_at, committed.seq,
                                                            committed.head)
     lease = Lease(run.pk, owner, epoch, committed.expires_at, (committed.seq, committed.head),
                   seconds=seconds)
-    return Acquired(lease, run, taken_over, resumed, interrupted)
+    return Acquired(lease, run, taken_over, resumed, step.index if step is not None else None)
 
 
 def acquired_crash_points(acquired: Acquired) -> None:

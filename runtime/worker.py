@@ -24,10 +24,12 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from .approvals import approvals_expire
 from .backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from .backends.sqlite3.base import writer_stats
-from .claims import Acquired, acquired_crash_points, run_claim_next, run_release
+from .checkpointer import Checkpointer
+from .claims import Acquired, acquired_crash_points, run_claim_many, run_release
 from .clock import SYSTEM_CLOCK, Clock
 from .driver import Driver
 from .engines import engine
+from .engines.group import group_stats
 from .errors import LeaseLost, ProtocolMismatch
 from .lease import LeaseKeeper, make_owner
 from .listen import ReadyListener
@@ -44,6 +46,7 @@ log = logging.getLogger("runtime.worker")
 WATCH_SECONDS = 0.05  # how often an idle worker looks for other connections' commits
 HOUSEKEEPING_SECONDS = 0.5  # how often a worker fires due schedules and expires approvals
 DEAD_OWNERS_SECONDS = 1.0  # how stale the list of this host's dead workers may be
+CLAIM_BATCH = 32  # runs claimed in one transaction at most
 
 
 def _data_version() -> int | None:
@@ -96,12 +99,17 @@ class Worker:
         self._dead: list[str] = []
         self._dead_at = float("-inf")
         self._listener: ReadyListener | None = None
+        self._checkpointer: Checkpointer | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def run(self) -> int:
         """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code:
         0, or 3 when the database speaks another protocol (nothing is claimed)."""
+        db = connections[DEFAULT_DB_ALIAS]
+        if isinstance(db, QueuedSQLite) and not db.is_in_memory_db():
+            self._checkpointer = Checkpointer()
+            self._checkpointer.start()
         try:
             if not self._register():
                 return 0  # asked to stop before the database ever answered
@@ -213,13 +221,19 @@ class Worker:
         if self._listener is not None:
             self._listener.close()
         self._wake.close()
+        checkpoints = ""
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            c = self._checkpointer.stats
+            checkpoints = (f"; checkpoints: {c.checkpoints} ({c.restarts} with the WAL started "
+                           f"over), the WAL at most {c.largest_wal} pages")
         try:
             WorkerRow.objects.filter(owner=self.owner).delete()
         except DATABASE_FAULTS as exc:  # the row goes stale; the console shows its age
             log.warning("worker %s: could not remove its row: %s", self.owner, _one_line(exc))
         log.info("worker %s stopped (%d runs handled, %d claim conflicts, %d database faults "
-                 "ridden out)%s", self.owner, self.finished, self.claim_conflicts, self.faults,
-                 _writer_summary())
+                 "ridden out)%s%s", self.owner, self.finished, self.claim_conflicts, self.faults,
+                 _writer_summary(), checkpoints)
         connection.close()
 
     # -- claiming -----------------------------------------------------------------------------
@@ -250,24 +264,25 @@ class Worker:
             return len(self._active)
 
     def _fill_slots(self) -> int:
+        """Claim runs for the free slots, up to ``CLAIM_BATCH`` in one transaction at a time."""
         claimed = 0
-        while self._running() < self.concurrency and not self._stop.is_set():
-            acquired = self._claim_one()
-            if acquired is None:
+        while not self._stop.is_set():
+            free = self.concurrency - self._running()
+            if free <= 0:
                 break
-            self._start(acquired)
-            claimed += 1
+            with self._lock:
+                mine = list(self._active)
+            got = run_claim_many(
+                self.owner, min(free, CLAIM_BATCH), lease_seconds=self.lease_seconds,
+                clock=self.clock, agents=self.agents, dead_owners=self._dead_owners(),
+                exclude=mine, on_conflict=self._conflict)
+            for acquired in got:
+                acquired_crash_points(acquired)
+                self._start(acquired)
+            claimed += len(got)
+            if not got:
+                break
         return claimed
-
-    def _claim_one(self) -> Acquired | None:
-        with self._lock:
-            mine = list(self._active)
-        acquired = run_claim_next(
-            self.owner, lease_seconds=self.lease_seconds, clock=self.clock, agents=self.agents,
-            dead_owners=self._dead_owners(), exclude=mine, on_conflict=self._conflict)
-        if acquired is not None:
-            acquired_crash_points(acquired)
-        return acquired
 
     def _conflict(self) -> None:
         self.claim_conflicts += 1
@@ -376,9 +391,11 @@ def _writer_summary() -> str:
         return ""
     w = writer_stats()
     n = max(w.transactions, 1)
+    g = group_stats()
     return (f"; write lock: {w.transactions} transactions, held {w.held:.3f} s "
             f"({w.held / n * 1000:.3f} ms each), waited {w.waited:.3f} s "
-            f"({w.waited / n * 1000:.3f} ms each)")
+            f"({w.waited / n * 1000:.3f} ms each); group commits: {g.groups} carrying "
+            f"{g.plans} plans (largest {g.largest})")
 
 
 def _close_if_left_in_transaction() -> None:

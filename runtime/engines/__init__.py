@@ -44,6 +44,9 @@ class Engine(Protocol):
 
     def commit(self, plan: Plan, clock: Any) -> Committed: ...
 
+    def commit_many(self, plans: list[Plan], clock: Any) -> list[Committed | BaseException]:
+        """Several plans at once (SQLite: one transaction); each one's result or error."""
+
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed: ...
 
     def transaction(self) -> Any: ...

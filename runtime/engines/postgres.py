@@ -79,6 +79,17 @@ class PostgresEngine:
                 return self.apply_in_tx(plan, clock)
         return self._execute(db, plan, clock)
 
+    def commit_many(self, plans: list[Plan], clock: Any) -> list[Committed | BaseException]:
+        """Each plan in a commit of its own (PostgreSQL groups commits in its WAL writer);
+        each plan's result, or ``Refused``."""
+        out: list[Committed | BaseException] = []
+        for plan in plans:
+            try:
+                out.append(self.commit(plan, clock))
+            except Refused as refused:
+                out.append(refused)
+        return out
+
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
         write_approvals_in_tx(plan)
         committed = self._execute(connections[DEFAULT_DB_ALIAS], plan, clock)

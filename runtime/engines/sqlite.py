@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -20,7 +21,7 @@ from ..backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from ..crashpoints import CrashPoint
 from ..plan import Plan
 from . import Committed, Refused, fill, write_approvals_in_tx
-from .group import Ticket, group_committer
+from .group import Ticket, group_committer, write_group
 from .sql import (
     EVENT_COLUMNS,
     STEP_COLUMNS,
@@ -106,14 +107,35 @@ class SqliteEngine:
         db = connections[DEFAULT_DB_ALIAS]
         prepared = None if plan.approval_create else self._prepare(db, plan)
         lean = plan.approval_create is None and not plan.approval_moves
-        if lean and groups(db):
-            def apply() -> Committed:  # on the leader's thread: its connection
-                return self._apply(connections[DEFAULT_DB_ALIAS], plan, clock, prepared)
-
+        if lean and groups(db):  # applied on the leader's thread, with its connection
             committer = group_committer(os.path.abspath(db.settings_dict["NAME"]))
-            return committer.commit(Ticket(plan, apply), _group_transaction)
+            return committer.commit(Ticket(plan, partial(self._apply_here, plan, clock,
+                                                         prepared)), _group_transaction)
         with write_transaction(lean=lean):
             return self._apply(db, plan, clock, prepared)
+
+    def commit_many(self, plans: list[Plan], clock: Any) -> list[Committed | BaseException]:
+        """Every plan in one transaction (a savepoint each, one sync), whatever waits in the
+        group queue; each plan's result or error (``Refused`` where its fence no longer
+        holds)."""
+        db = connections[DEFAULT_DB_ALIAS]
+        if not groups(db):  # inside the caller's transaction: one after the other
+            out: list[Committed | BaseException] = []
+            for plan in plans:
+                try:
+                    out.append(self.commit(plan, clock))
+                except Refused as refused:
+                    out.append(refused)
+            return out
+        tickets = []
+        for plan in plans:
+            prepared = self._prepare(db, plan)
+            tickets.append(Ticket(plan, partial(self._apply_here, plan, clock, prepared)))
+        write_group(tickets, _group_transaction)
+        return [t.error if t.error is not None else t.value for t in tickets]
+
+    def _apply_here(self, plan: Plan, clock: Any, prepared: tuple) -> Committed:
+        return self._apply(connections[DEFAULT_DB_ALIAS], plan, clock, prepared)
 
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]

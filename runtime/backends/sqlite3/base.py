@@ -109,6 +109,17 @@ def _waiter(path: str) -> queue.SimpleQueue[_FlockRequest]:
         return found[1]
 
 
+_autocheckpoint: int | None = None  # new connections' wal_autocheckpoint (None: SQLite's)
+
+
+def set_autocheckpoint(pages: int | None) -> None:
+    """``PRAGMA wal_autocheckpoint`` for connections this process opens from now on; 0 when a
+    checkpointer thread of the process's own does it (``runtime.checkpointer``), None for
+    SQLite's default (a commit checkpoints the WAL past 1,000 pages, holding the writer)."""
+    global _autocheckpoint
+    _autocheckpoint = pages
+
+
 _local_files: set[str] = set()  # databases found on a local file system, by this process
 
 
@@ -147,7 +158,10 @@ class DatabaseWrapper(SQLiteWrapper):
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         prepare_database_file(conn_params["database"])
-        return super().get_new_connection(conn_params)
+        conn = super().get_new_connection(conn_params)
+        if _autocheckpoint is not None:
+            conn.execute(f"PRAGMA wal_autocheckpoint = {int(_autocheckpoint)}")
+        return conn
 
     def _writer_lock(self) -> None:
         """Take this process's lock for the file (threads queue on it cheaply), then the
@@ -207,6 +221,20 @@ class DatabaseWrapper(SQLiteWrapper):
         with _stats_lock:
             _stats.transactions += 1
             _stats.held += held
+
+    @contextmanager
+    def writer_queue_held(self) -> Iterator[None]:
+        """Hold the writer queue's lock without a transaction: no writer of the runtime's
+        starts meanwhile (the checkpointer's moment to let the WAL start over)."""
+        if self.in_atomic_block:
+            raise transaction.TransactionManagementError(
+                "writer_queue_held() cannot run inside an atomic block")
+        self.ensure_connection()
+        self._writer_lock()
+        try:
+            yield
+        finally:
+            self._writer_unlock()
 
     @contextmanager
     def write_transaction(self) -> Iterator[None]:
