@@ -10,10 +10,11 @@ everything is read from the database and from the workers' own stop lines:
   / ``run.failed`` for its last step), for the steps started in the window;
 - runs in flight: each run's time between its first event after ``run.created`` (its claim)
   and its last one, overlapping the window, summed, over the window;
-- plan commits per step: distinct (run, time) pairs among the events in the window (one plan,
-  one transaction today), over the steps in the window;
-- write transactions per step: the workers' own count (their stop line: transactions that took
-  SQLite's write lock through the runtime's writer queue) over every step they ran;
+- plans per step: distinct (run, time) pairs among the events in the window (a plan is one
+  run's commit), over the steps in the window;
+- commits per step: the workers' own count of write transactions (their stop line: transactions
+  that took SQLite's write lock through the runtime's writer queue; a group commit counts once
+  however many plans it carries) over every step they ran; and plans per group commit;
 - fsyncs per step: ``fsync`` + ``fdatasync`` calls counted in the worker processes by a tiny
   ``LD_PRELOAD`` library compiled here with the system's C compiler (none: "not measured"),
   over every step they ran;
@@ -21,7 +22,8 @@ everything is read from the database and from the workers' own stop lines:
 
 Three lines: **in flight** (one process, ``--concurrency N``, an LLM answering after 100 ms:
 the ideal is N x 10 steps/s), **no wait** (zero-latency LLM, 1 and 16 in flight) and
-**processes** (1, 2, 4 processes of one thread each, zero-latency LLM).
+**processes** (1, 2, 4 processes with ``PROCESS_IN_FLIGHT`` runs in flight each, zero-latency
+LLM).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from runtime.models import Event, Run
 
 from .agents import WAIT_SECONDS, WAIT_TOOL_CALLS
 from .db import point_default_at
-from .procs import LOCKED, WorkerProc, pct, writer_use
+from .procs import LOCKED, WorkerProc, group_use, pct, writer_use
 from .steps import create_runs
 
 STEPS_PER_RUN = WAIT_TOOL_CALLS + 1  # tool steps, then the final answer's step
@@ -60,6 +62,7 @@ SIZES: dict[str, tuple[Any, Any]] = {
 # Runs queued for a level with no LLM wait: enough for this many steps/s through the warm-up and
 # the window (several times what one SQLite file gives today); a queue that runs dry is reported.
 NOWAIT_STEPS_PER_S = 1_500
+PROCESS_IN_FLIGHT = 16  # runs in flight per process on the processes line
 RAMP_TIMEOUT = 10.0  # seconds given a level's workers to have every slot busy (reported)
 
 FSYNC_SOURCE = r"""
@@ -183,6 +186,7 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
                .values_list("run_id", "at").distinct().count())
     outputs = [w.output() for w in workers]
     transactions, held, _waited = writer_use(outputs)
+    groups, grouped = group_use(outputs)
     fsyncs = _fsyncs(fsync_env, workers)
     # The workers' active span: the first claim to the last event (start-up and stop aside).
     active = (max(b for _, b in spans) - starts[0]).total_seconds() if spans else 0.0
@@ -196,9 +200,10 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
         "p50_ms": pct(latencies, 0.50), "p99_ms": pct(latencies, 0.99),
         "max_ms": max(latencies, default=0.0),
         "cpu_ms_per_step": 1000 * (cpu1 - cpu0) / max(counted, 1),
-        "plan_commits_per_step": commits / max(counted, 1),
+        "plans_per_step": commits / max(counted, 1),
         "worker_steps": all_steps, "write_transactions": transactions,
-        "write_tx_per_step": transactions / all_steps if all_steps else None,
+        "commits_per_step": transactions / all_steps if all_steps else None,
+        "group_commits": groups, "plans_per_group": grouped / groups if groups else None,
         "writer_held": held / active if active else 0.0,
         "fsyncs": fsyncs, "fsyncs_per_step": (fsyncs / all_steps if fsyncs is not None
                                               and all_steps else None),
@@ -220,6 +225,7 @@ def measure(path: Path, quick: bool, step: Callable[[str], None]) -> dict[str, A
     common = {"template": template, "directory": directory, "warm": size["warm"],
               "window": size["window"], "fsync_env": fsync_env}
     r: dict[str, Any] = {"section": "inflight", "quick": quick, "sizes": size,
+                         "process_in_flight": PROCESS_IN_FLIGHT,
                          "wait_ms": WAIT_SECONDS * 1000, "steps_per_run": STEPS_PER_RUN,
                          "fsyncs_measured": fsync_env is not None}
     try:
@@ -239,10 +245,10 @@ def measure(path: Path, quick: bool, step: Callable[[str], None]) -> dict[str, A
                                      **common))
         r["processes"] = []
         for n in size["processes"]:
-            step(f"processes: {n} x 1 thread, no wait")
+            step(f"processes: {n} x {PROCESS_IN_FLIGHT} in flight, no wait")
             r["processes"].append(level(tag=f"procs-{n}", agent="bench_read", processes=n,
-                                        concurrency=1, steps_per_s_bound=NOWAIT_STEPS_PER_S,
-                                        **common))
+                                        concurrency=PROCESS_IN_FLIGHT,
+                                        steps_per_s_bound=NOWAIT_STEPS_PER_S, **common))
     finally:
         point_default_at(path)
     for line in ("nowait", "processes"):

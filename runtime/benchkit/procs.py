@@ -31,6 +31,15 @@ LOCKED = "database is locked"
 _WRITER = re.compile(r"write lock: (\d+) transactions, held ([\d.]+) s .*waited ([\d.]+) s")
 
 
+_GROUPS = re.compile(r"group commits: (\d+) carrying (\d+) plans")
+
+
+def group_use(outputs: list[str]) -> tuple[int, int]:
+    """(group commits, plans they carried), summed over the workers' stop lines."""
+    found = [m for o in outputs for m in _GROUPS.finditer(o)]
+    return sum(int(m[1]) for m in found), sum(int(m[2]) for m in found)
+
+
 def writer_use(outputs: list[str]) -> tuple[int, float, float]:
     """(write transactions, seconds holding the write lock, seconds waiting for it), summed
     over the workers' own accounts (their stop line)."""

@@ -231,19 +231,20 @@ def render_inflight(r: dict[str, Any]) -> str:
            f"Real runworker processes on a fresh SQLite file per line; runs of "
            f"{r['steps_per_run']} steps ({r['steps_per_run'] - 1} no-op reads, then the final "
            f"answer); {z['warm']:g} s warm-up,", f"then a {z['window']:g} s window: steps/s and "
-           "latency from the events in it; write transactions and fsyncs per step over the "
+           "latency from the events in it; commits and fsyncs per step over the "
            "workers' whole life.", ""]
 
     def na(v: float | None, fmt: str) -> str:
         return "n/m" if v is None else format(v, fmt)
 
-    head = ("  in flight  avg  steps/s  {extra}  p50 ms  p99 ms  cpu ms/step  plan commits/step"
-            "  write tx/step  fsyncs/step  writer held  locked")
+    head = ("  in flight  avg  steps/s  {extra}  p50 ms  p99 ms  cpu ms/step  plans/step"
+            "  commits/step  plans/commit  fsyncs/step  writer held  locked")
 
     def row(x: dict[str, Any], extra: str) -> str:
         return (f"  {x['in_flight']:9} {x['in_flight_avg']:5.0f} {x['steps_per_s']:8.0f}  "
                 f"{extra}  {x['p50_ms']:6.1f} {x['p99_ms']:7.1f} {x['cpu_ms_per_step']:12.2f}"
-                f" {x['plan_commits_per_step']:18.2f} {na(x['write_tx_per_step'], '.2f'):>14}"
+                f" {x['plans_per_step']:11.2f} {na(x['commits_per_step'], '.2f'):>13}"
+                f" {na(x['plans_per_group'], '.1f'):>13}"
                 f" {na(x['fsyncs_per_step'], '.2f'):>12} {x['writer_held']:12.0%}"
                 f" {x['locked_errors']:7}")
 
@@ -253,14 +254,16 @@ def render_inflight(r: dict[str, Any]) -> str:
     for x in r["levels"]:
         out.append(row(x, f"{x['ideal_steps_per_s']:6.0f} {x['percent_of_ideal']:7.1f}%"))
     for key, title in (("nowait", "2. No wait: one process, zero-latency LLM"),
-                       ("processes", "3. Processes: N processes x 1 thread, zero-latency LLM")):
+                       ("processes", f"3. Processes: N processes x {r['process_in_flight']} "
+                                     "in flight, zero-latency LLM")):
         out += ["", title, head.format(extra="  x first")]
         for x in r[key]:
             out.append(row(x, f"{x['ratio']:8.2f}"))
     out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
             " a step.started to the run's next step.started (or its end);",
-            "   plan commits: distinct (run, time) of the window's events; write tx: the "
-            "workers' writer-queue count (their stop line); fsyncs: fsync + fdatasync",
+            "   plans: distinct (run, time) of the window's events; commits: the workers' "
+            "writer-queue count (their stop line; a group commit counts once);",
+            "   plans/commit: plans per group commit; fsyncs: fsync + fdatasync",
             "   counted in the workers (LD_PRELOAD); writer held: share of the workers' active "
             "span some worker held the write lock; n/m: not measured.", "", "Targets"]
     for t in r["targets"]:

@@ -190,6 +190,10 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
     assert [x["in_flight"] for x in data["levels"]] == [1, 16, 64]
     assert [x["in_flight"] for x in data["nowait"]] == [1, 16]
     assert [x["processes"] for x in data["processes"]] == [1, 2]
+    assert {x["in_flight"] for x in data["processes"]} == {16, 32}
+    # with many runs in flight, commits carry several plans: fewer commits than plans
+    sixteen = data["nowait"][1]
+    assert sixteen["commits_per_step"] < sixteen["plans_per_step"], sixteen
     for x in data["levels"]:
         assert x["ideal_steps_per_s"] == x["in_flight"] * 10
         assert x["percent_of_ideal"] == pytest.approx(
@@ -199,7 +203,8 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
         assert x["p99_ms"] >= x["p50_ms"] > 0, x
         assert x["locked_errors"] == 0 and x["tracebacks"] == 0, x
         assert x["failed_runs"] == 0 and not any(x["exit_codes"]) and not x["overran"], x
-        assert x["write_transactions"] > 0 and x["plan_commits_per_step"] > 0, x
+        assert x["write_transactions"] > 0 and x["plans_per_step"] > 0, x
+        assert x["group_commits"] > 0 and x["plans_per_group"] >= 1, x
         assert x["fsyncs_per_step"] is None or x["fsyncs_per_step"] > 0, x
     for line in ("nowait", "processes"):
         assert data[line][0]["ratio"] == 1.0
