@@ -47,6 +47,7 @@ WATCH_SECONDS = 0.05  # how often an idle worker looks for other connections' co
 HOUSEKEEPING_SECONDS = 0.5  # how often a worker fires due schedules and expires approvals
 DEAD_OWNERS_SECONDS = 1.0  # how stale the list of this host's dead workers may be
 CLAIM_BATCH = 32  # runs claimed in one transaction at most
+CLAIM_LINGER = 0.02  # how long a free slot may wait for others before it is claimed for
 
 
 def _data_version() -> int | None:
@@ -100,6 +101,11 @@ class Worker:
         self._dead_at = float("-inf")
         self._listener: ReadyListener | None = None
         self._checkpointer: Checkpointer | None = None
+        self._freed_at: float | None = None  # when a slot first freed since the last claim
+        # The last claim round found fewer runs than it asked for: only news of a run made
+        # ready (a commit elsewhere, a notification) is worth another look before the poll.
+        self._ran_dry = True
+        self.claim_batch = max(1, min(CLAIM_BATCH, concurrency // 8))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -158,28 +164,39 @@ class Worker:
 
     def _idle(self, seen: int | None) -> None:
         """Wait until the next poll, or less: a run that became claimable (an approval, a new
-        run, a release) wakes the worker. On PostgreSQL it is a notification on the worker's
-        listening connection; on SQLite a commit by another connection, which ``data_version``
-        shows (one PRAGMA every ``WATCH_SECONDS``; a claim costs the write lock)."""
+        run, a release) wakes the worker while it has a free slot. On PostgreSQL it is a
+        notification on the worker's listening connection; on SQLite a commit by another
+        connection, which ``data_version`` shows (one PRAGMA every ``WATCH_SECONDS``; a claim
+        costs the write lock), looked at only while a slot is free and the last claim round ran
+        dry. Slots freed by finished runs are claimed for together: at once when
+        ``claim_batch`` of them are free, else ``CLAIM_LINGER`` seconds after the first (a claim
+        round costs about the same for one run as for thirty-two)."""
         deadline = time.monotonic() + self.poll_interval
-        while True:
+        while not self._stop.is_set():
+            free = self.concurrency - self._running()
+            if free > 0 and self._freed_at is not None:
+                if free >= self.claim_batch:
+                    break
+                deadline = min(deadline, self._freed_at + CLAIM_LINGER)
             left = deadline - time.monotonic()
-            if left <= 0 or self._wake.is_set():
+            if left <= 0:
                 break
             if self._listener is not None:
                 fd = self._listener.fileno()
                 woken, readable = self._wake.wait(left if fd is not None else min(1.0, left),
                                                   fd)
-                if woken or (readable and self._listener.drain()):
+                if readable and self._listener.drain() and free > 0 and self._ran_dry:
                     break
-                continue
-            if self._wake.wait(min(WATCH_SECONDS, left))[0]:
-                break
-            try:
-                if seen is not None and _data_version() != seen:
-                    break
-            except DATABASE_FAULTS:
-                break  # the claim that follows meets the fault and backs off
+            else:
+                woken = self._wake.wait(min(WATCH_SECONDS, left))[0]
+                try:
+                    if (not woken and free > 0 and self._ran_dry and seen is not None
+                            and _data_version() != seen):
+                        break
+                except DATABASE_FAULTS:
+                    break  # the claim that follows meets the fault and backs off
+            if woken:
+                self._wake.clear()  # a slot freed, or a stop: look again
         self._wake.clear()
 
     def request_stop(self) -> None:
@@ -266,21 +283,25 @@ class Worker:
     def _fill_slots(self) -> int:
         """Claim runs for the free slots, up to ``CLAIM_BATCH`` in one transaction at a time."""
         claimed = 0
+        with self._lock:
+            self._freed_at = None
         while not self._stop.is_set():
             free = self.concurrency - self._running()
             if free <= 0:
                 break
             with self._lock:
                 mine = list(self._active)
+            asked = min(free, CLAIM_BATCH)
             got = run_claim_many(
-                self.owner, min(free, CLAIM_BATCH), lease_seconds=self.lease_seconds,
+                self.owner, asked, lease_seconds=self.lease_seconds,
                 clock=self.clock, agents=self.agents, dead_owners=self._dead_owners(),
                 exclude=mine, on_conflict=self._conflict)
             for acquired in got:
                 acquired_crash_points(acquired)
                 self._start(acquired)
             claimed += len(got)
-            if not got:
+            self._ran_dry = len(got) < asked
+            if self._ran_dry:
                 break
         return claimed
 
@@ -341,6 +362,8 @@ class Worker:
                 done, _lease = self._active.pop(run_id)
                 self._free.append(slot)
                 self.finished += 1
+                if self._freed_at is None:
+                    self._freed_at = time.monotonic()
             done.set()
             self._wake.set()
 
