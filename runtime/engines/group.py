@@ -8,8 +8,8 @@ fence, and commits (one sync) for them all. Threads that arrive meanwhile queue 
 the group is written, each learns its own outcome, and the first of the next queue leads the
 next group. A plan alone in the process commits at once, with no added delay.
 
-One plan's refusal (its lease lost, its chain moved) or error rolls back its savepoint only;
-the others commit. A database fault, a failed ``COMMIT`` or a crash loses the whole group
+One plan's refusal (its lease lost, its chain moved) or error undoes that plan only; the others
+commit. A database fault, a failed ``COMMIT`` or a crash loses the whole group
 (nothing of it is written) and every plan in it hears of it: their writers find out from the
 chain head, as after any fault (``runtime.store``). Nothing is released before the group's
 ``COMMIT`` returns, so no outside call starts on a commit that is not durable.
@@ -20,13 +20,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import InterfaceError, InternalError, OperationalError
 
 from .. import crashpoints
 from ..crashpoints import CrashPoint
 from ..plan import Plan
+from . import Refused
 
 # Errors that end the transaction itself (SQLite may have rolled it back): fatal to the group.
 GROUP_FAULTS = (OperationalError, InterfaceError, InternalError)
@@ -37,7 +38,7 @@ class Ticket:
     """One plan waiting for a group: what to apply, and (once written) what became of it."""
 
     plan: Plan
-    apply: Callable[[], Any]  # applies the plan in the open transaction; its result
+    apply: Callable[[GroupTx], Any]  # applies the plan in the group's transaction; its result
     value: Any = None
     error: BaseException | None = None
     done: bool = False
@@ -48,6 +49,20 @@ class Ticket:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+class GroupTx(Protocol):
+    """A group's open write transaction, as the committer of an engine gives it."""
+
+    deferring: bool  # set while a pass may leave writes (the events) to ``flush``
+
+    def execute(self, sql: str) -> Any: ...
+
+    def flush(self) -> None:
+        """Write what the plans of this pass deferred (one statement for all)."""
+
+    def discard(self) -> None:
+        """Forget what was deferred (the pass is being undone)."""
 
 
 @dataclass
@@ -112,31 +127,79 @@ class GroupCommitter:
 
 
 def write_group(batch: Sequence[Ticket], transaction: Callable[[], Any]) -> None:
-    """Apply every ticket's plan in one transaction (a savepoint each when there are several)
-    and commit; each ticket gets its result or error. Never raises: a failure of the whole
-    transaction becomes every ticket's error."""
+    """Apply every ticket's plan in one transaction and commit; each ticket gets its result
+    or error. Never raises: a failure of the whole transaction becomes every ticket's error.
+
+    A plan refused by its fence wrote nothing (the fence is its first statement), so plans are
+    first applied one after the other with no savepoint of their own, their events deferred to
+    one statement for the whole group. Only if one fails in another way (its writes half done)
+    is the pass undone and each plan applied again inside a savepoint of its own, writing its
+    own events, so that one rolls back alone.
+    """
     try:
-        with transaction() as execute:
-            if len(batch) == 1:
-                batch[0].value = batch[0].apply()
-                return
-            for t in batch:
-                execute("SAVEPOINT plan")
-                try:
-                    t.value = t.apply()
-                except GROUP_FAULTS:
-                    raise
-                except Exception as exc:  # this plan only: refused, or an error of its own
-                    execute("ROLLBACK TO plan")
-                    t.error = exc
-                execute("RELEASE plan")
-            if crashpoints.is_armed():  # which plans the crash loses, for the test's check
+        with transaction() as tx:
+            if len(batch) > 1:
+                tx.execute("SAVEPOINT grp")
+                tx.deferring = True
+                done = _apply_all(batch, tx) and _flushed(tx)
+                tx.deferring = False
+                if not done:
+                    tx.discard()
+                    tx.execute("ROLLBACK TO grp")
+                    _apply_each(batch, tx)
+                tx.execute("RELEASE grp")
+            else:
+                _apply_all(batch, tx, alone=True)
+            if len(batch) > 1 and crashpoints.is_armed():  # what the crash loses, for tests
                 crashpoints.reached(CrashPoint.IN_GROUP_COMMIT, detail={"plans": [
                     {"run_id": t.plan.run_id, "fence_seq": t.plan.fence.seq}
                     for t in batch if t.error is None]})
     except BaseException as exc:
         for t in batch:
             t.value, t.error = None, exc
+
+
+def _apply_all(batch: Sequence[Ticket], tx: GroupTx, alone: bool = False) -> bool:
+    """Apply each plan; False (the pass to be undone) when one failed other than by refusal.
+    A plan alone needs no undoing: its failure fails the transaction."""
+    for t in batch:
+        t.value, t.error = None, None
+        try:
+            t.value = t.apply(tx)
+        except GROUP_FAULTS:
+            raise
+        except Refused as refused:
+            t.error = refused
+        except Exception:
+            if alone:
+                raise
+            return False
+    return True
+
+
+def _flushed(tx: GroupTx) -> bool:
+    try:
+        tx.flush()
+    except GROUP_FAULTS:
+        raise
+    except Exception:  # a deferred write no plan can be blamed for alone: undo the pass
+        return False
+    return True
+
+
+def _apply_each(batch: Sequence[Ticket], tx: GroupTx) -> None:
+    """Apply each plan inside a savepoint of its own: one that fails rolls back alone."""
+    for t in batch:
+        t.value, t.error = None, None
+        tx.execute("SAVEPOINT plan")
+        try:
+            t.value = t.apply(tx)
+        except GROUP_FAULTS:
+            raise
+        except Exception as exc:  # this plan only: refused, or an error of its own
+            tx.execute("ROLLBACK TO plan")
+            t.error = exc
+        tx.execute("RELEASE plan")
 
 
 _committers: dict[str, GroupCommitter] = {}

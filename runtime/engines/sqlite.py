@@ -81,12 +81,46 @@ def groups(db: Any) -> bool:
             and not db.is_in_memory_db())
 
 
+class _GroupTx:
+    """A group's write transaction on this thread's connection: statements, and the events of
+    a pass written by one INSERT at its end (``runtime.engines.group``)."""
+
+    def __init__(self, db: Any) -> None:
+        self.db, self.deferring = db, False
+        self.rows: list[list[Any]] = []  # each plan's event parameters, 8 per row
+
+    def execute(self, sql: str) -> Any:
+        return execute(self.db, sql, ())
+
+    def defer(self, params: list[Any]) -> None:
+        self.rows.append(params)
+
+    def flush(self) -> None:
+        params = [p for plan in self.rows for p in plan]
+        self.rows = []
+        for start in range(0, len(params), EVENTS_PER_INSERT * 8):
+            chunk = params[start:start + EVENTS_PER_INSERT * 8]
+            execute(self.db, _events_insert(self.db, len(chunk) // 8), chunk)
+
+    def discard(self) -> None:
+        self.rows = []
+
+
+EVENTS_PER_INSERT = 500  # 4,000 parameters: well inside SQLite's limit of 32,766
+
+
+def _events_insert(db: Any, n: int) -> str:
+    return cached(SqliteDialect(db), ("events", n), lambda: (
+        f'INSERT INTO "runtime_event" ({", ".join(EVENT_COLUMNS)}) VALUES '
+        + ",".join(["(" + ",".join(["%s"] * 8) + ")"] * n)))
+
+
 @contextmanager
-def _group_transaction() -> Iterator[Any]:
-    """A group's write transaction on this thread's connection; yields a statement runner."""
+def _group_transaction() -> Iterator[_GroupTx]:
+    """A group's write transaction on this thread's connection."""
     db = connections[DEFAULT_DB_ALIAS]
     with db.write_transaction():
-        yield lambda sql: execute(db, sql, ())
+        yield _GroupTx(db)
 
 
 def write_transaction(*, lean: bool = True) -> Any:
@@ -134,8 +168,8 @@ class SqliteEngine:
         write_group(tickets, _group_transaction)
         return [t.error if t.error is not None else t.value for t in tickets]
 
-    def _apply_here(self, plan: Plan, clock: Any, prepared: tuple) -> Committed:
-        return self._apply(connections[DEFAULT_DB_ALIAS], plan, clock, prepared)
+    def _apply_here(self, plan: Plan, clock: Any, prepared: tuple, tx: _GroupTx) -> Committed:
+        return self._apply(connections[DEFAULT_DB_ALIAS], plan, clock, prepared, tx)
 
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]
@@ -154,14 +188,14 @@ class SqliteEngine:
         run = run_update(d, plan, seq, head)
         inserts = [(s, step_insert_params(d, s)) for s in plan.step_inserts]
         updates = [(s, step_update(d, s, f)) for s, f in plan.step_updates.values()]
-        events = cached(d, ("events", len(rows)), lambda: (
-            f'INSERT INTO "runtime_event" ({", ".join(EVENT_COLUMNS)}) VALUES '
-            + ",".join(["(" + ",".join(["%s"] * 8) + ")"] * len(rows))))
+        events = _events_insert(db, len(rows))
         return d, rows, seq, head, run, inserts, updates, events, event_params(d, rows)
 
-    def _apply(self, db: Any, plan: Plan, clock: Any, prepared: tuple | None) -> Committed:
+    def _apply(self, db: Any, plan: Plan, clock: Any, prepared: tuple | None,
+               tx: _GroupTx | None = None) -> Committed:
         now = clock.now()  # inside the transaction: a time read before the lock is stale
-        write_approvals_in_tx(plan)
+        if plan.approval_create is not None or plan.approval_moves:
+            write_approvals_in_tx(plan)
         if prepared is None:
             prepared = self._prepare(db, plan)
         d, rows, seq, head, run, inserts, updates, events, event_values = prepared
@@ -176,7 +210,10 @@ class SqliteEngine:
                 step._state.adding, step._state.db = False, db.alias
         for step, stmt in updates:
             execute(db, stmt.sql, [*stmt.params[:-1], step.pk])  # the id as it is now
-        execute(db, events, event_values)
+        if tx is not None and tx.deferring:
+            tx.defer(event_values)  # one INSERT for the group's events, at the end of its pass
+        else:
+            execute(db, events, event_values)
         crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=plan.run_id,
                             step_index=plan.last_step_index())
         expires = now + timedelta(seconds=plan.take.seconds) if plan.take else None

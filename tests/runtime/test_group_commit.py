@@ -64,7 +64,7 @@ class Holder:
         self.inside, self.release = threading.Event(), threading.Event()
         plan = noted(lease, "holder")
 
-        def apply() -> None:
+        def apply(tx) -> None:
             self.inside.set()
             assert self.release.wait(10)
 
@@ -155,6 +155,30 @@ def test_a_plan_failing_half_way_is_undone_to_its_savepoint_and_the_others_commi
     assert Event.objects.filter(payload__note="kept").count() == len(kept)
 
 
+def test_an_event_colliding_in_the_groups_one_insert_fails_its_plan_alone(rdb):
+    """The group's events go in one INSERT; a row put behind the runtime's back where one
+    plan's event belongs makes that INSERT fail: the pass is undone and redone a plan at a
+    time, and only that plan fails."""
+    first, clashing, *kept = leases(4)
+    Event.objects.create(run_id=clashing.run_id, seq=clashing.position[0] + 1,
+                         kind="llm.failed", payload={}, actor="intruder",
+                         at=SYSTEM_CLOCK.now(), hash="0" * 64)
+    before = Run.objects.get(pk=clashing.run_id)
+    holder = Holder(first)
+    failing = commit_in_background(clashing, noted(clashing, "clash"))
+    jobs = [commit_in_background(lease, noted(lease, "kept")) for lease in kept]
+    holder.queue_then_release(1 + len(kept))
+    failing.thread.join(10)
+    for job in jobs:
+        job.thread.join(10)
+        assert job.error is None
+    assert isinstance(failing.error, IntegrityError)
+    after = Run.objects.get(pk=clashing.run_id)
+    assert (after.event_seq, after.event_hash) == (before.event_seq, before.event_hash)
+    assert not Event.objects.filter(payload__note="clash").exists()
+    assert Event.objects.filter(payload__note="kept").count() == len(kept)
+
+
 def test_a_crash_in_the_middle_of_a_group_loses_every_plan_of_it_and_nothing_else(rdb, crash):
     first, *grouped = leases(4)
     before = {lease.run_id: lease.position for lease in grouped}
@@ -175,33 +199,78 @@ def test_a_crash_in_the_middle_of_a_group_loses_every_plan_of_it_and_nothing_els
 
 def _ticket(value: Any) -> Ticket:
     plan = Plan(run_id=1, at=SYSTEM_CLOCK.now(), actor="a", fence=None, head="")  # type: ignore[arg-type]
-    return Ticket(plan, lambda: value)
+    return Ticket(plan, lambda tx: tx.defer(value) if tx.deferring else value)
+
+
+class FakeTx:
+    """Records what a group does with its transaction."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.deferring = False
+        self.deferred: list[Any] = []
+
+    def execute(self, sql: str) -> None:
+        self.said.append(sql)
+
+    def defer(self, value: Any) -> Any:
+        self.deferred.append(value)
+        return value
+
+    def flush(self) -> None:
+        self.said.append(f"flush {self.deferred}")
+        self.deferred = []
+
+    def discard(self) -> None:
+        self.said.append(f"discard {self.deferred}")
+        self.deferred = []
 
 
 def test_a_fault_at_commit_loses_the_group_and_every_plan_hears_of_it():
-    said: list[str] = []
+    tx = FakeTx()
 
     @contextmanager
     def failing_commit():
-        yield said.append
+        yield tx
         raise OperationalError("disk I/O error")
 
     batch = [_ticket(n) for n in range(3)]
     write_group(batch, failing_commit)
-    assert said == ["SAVEPOINT plan", "RELEASE plan"] * 3
+    # no savepoint per plan when none fails; the three plans' events in one write
+    assert tx.said == ["SAVEPOINT grp", "flush [0, 1, 2]", "RELEASE grp"]
     assert all(isinstance(t.error, OperationalError) and t.value is None for t in batch)
 
 
-def test_a_group_of_one_takes_no_savepoint():
-    said: list[str] = []
+def test_a_plan_failing_half_way_sends_the_group_through_a_savepoint_per_plan():
+    tx = FakeTx()
 
     @contextmanager
     def transaction():
-        yield said.append
+        yield tx
+
+    def broken(tx):
+        raise ValueError("half done")
+
+    batch = [_ticket(1), Ticket(_ticket(0).plan, broken), _ticket(3)]
+    write_group(batch, transaction)
+    assert tx.said == ["SAVEPOINT grp", "discard [1]", "ROLLBACK TO grp",
+                       "SAVEPOINT plan", "RELEASE plan",
+                       "SAVEPOINT plan", "ROLLBACK TO plan", "RELEASE plan",
+                       "SAVEPOINT plan", "RELEASE plan", "RELEASE grp"]
+    assert [t.value for t in batch] == [1, None, 3]  # written by each plan itself this time
+    assert isinstance(batch[1].error, ValueError)
+
+
+def test_a_group_of_one_takes_no_savepoint():
+    tx = FakeTx()
+
+    @contextmanager
+    def transaction():
+        yield tx
 
     (t,) = batch = [_ticket("x")]
     write_group(batch, transaction)
-    assert said == [] and t.outcome() == "x"
+    assert tx.said == [] and t.outcome() == "x"
 
 
 def test_a_worker_killed_in_the_middle_of_a_group_commit_loses_that_group_only(edb, tmp_path):
