@@ -19,11 +19,13 @@ from django.db.models import F
 from runtime import FinalAnswer, ScriptedLLM, ToolCall, start, tool
 from runtime.agents import Agent, registry
 from runtime.audit import verify
-from runtime.claims import run_acquire
+from runtime.claims import run_acquire, run_claim_many
 from runtime.driver import Driver
 from runtime.errors import LeaseLost, RunLeased, RunNotResumable
+from runtime.instrument import PgTrace, SqliteCounter
 from runtime.lease import LeaseKeeper, lease_renew, make_owner
 from runtime.models import Event, Run, Step
+from runtime.store import run_create
 from tests.kit import Background, Gate, Ledger, events_of, make_agent
 
 pytestmark = pytest.mark.engines
@@ -307,3 +309,38 @@ def test_renewal_needs_the_same_owner_and_epoch_and_an_unexpired_lease(edb, cloc
     assert lease_renew([lease], lease_seconds=1, clock=clock) == [lease]  # old epoch fenced off
     clock.advance(0.1)
     assert lease_renew([lease, taken], lease_seconds=1, clock=clock) == [lease]  # one statement
+
+
+def _counter():
+    return SqliteCounter() if connection.vendor == "sqlite" else PgTrace()
+
+
+def test_claims_in_a_batch_take_each_run_once_in_one_commit(edb, clock):
+    queued = [run_create("batch", {"i": i}, now=clock.now()).pk for i in range(40)]
+    with _counter() as counted:
+        got = run_claim_many("me", 32, lease_seconds=30, clock=clock)
+    assert [a.run.pk for a in got] == queued[:32]  # oldest first, each once
+    assert all(a.lease.owner == "me" and a.lease.epoch == 1 for a in got)
+    if connection.vendor == "sqlite":
+        assert counted.commits == 1  # one group commit for all 32 claims
+    else:
+        assert counted.round_trips < 32 * 2  # one transaction, not a commit per claim
+    assert Event.objects.filter(run_id__in=queued, kind="lease.taken").count() == 32
+    again = run_claim_many("other", 32, lease_seconds=30, clock=clock)
+    assert [a.run.pk for a in again] == queued[32:]  # the rest; none taken twice
+    for run_id in queued:
+        verify(Run.objects.get(pk=run_id))
+
+
+def test_the_leases_of_256_runs_in_flight_are_renewed_by_one_statement(edb, clock):
+    for i in range(256):
+        run_create("many", {"i": i}, now=clock.now())
+    leases = []
+    while len(leases) < 256:
+        leases += [a.lease for a in run_claim_many("me", 64, lease_seconds=2, clock=clock)]
+    clock.advance(1)
+    with _counter() as counted:
+        assert lease_renew(leases, lease_seconds=2, clock=clock) == []
+    assert counted.statements == 1
+    assert all(lease.expires_at == clock.now() + timedelta(seconds=2) for lease in leases)
+    assert Run.objects.filter(lease_expires_at=clock.now() + timedelta(seconds=2)).count() == 256
