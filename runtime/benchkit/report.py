@@ -253,12 +253,17 @@ def render_inflight(r: dict[str, Any]) -> str:
             head.format(extra="  ideal  % ideal")]
     for x in r["levels"]:
         out.append(row(x, f"{x['ideal_steps_per_s']:6.0f} {x['percent_of_ideal']:7.1f}%"))
-    for key, title in (("nowait", "2. No wait: one process, zero-latency LLM"),
+    rounds = f", median of {z['rounds']} interleaved rounds" if z["rounds"] > 1 else ""
+    for key, title in (("nowait", f"2. No wait: one process, zero-latency LLM{rounds}"),
                        ("processes", f"3. Processes: N processes x {r['process_in_flight']} "
-                                     "in flight, zero-latency LLM")):
+                                     f"in flight, zero-latency LLM{rounds}")):
         out += ["", title, head.format(extra="  x first")]
         for x in r[key]:
             out.append(row(x, f"{x['ratio']:8.2f}"))
+        if z["rounds"] > 1:
+            out.append("   rounds (steps/s): " + "; ".join(
+                f"{x['in_flight']}: " + ", ".join(f"{v:.0f}" for v in x["rounds_steps_per_s"])
+                for x in r[key]))
     out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
             " a step.started to the run's next step.started (or its end);",
             "   plans: distinct (run, time) of the window's events; commits: the workers' "
