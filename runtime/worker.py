@@ -9,11 +9,8 @@ becomes ready: on PostgreSQL by ``LISTEN``, on SQLite by the file's ``data_versi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import queue
-import select
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +36,7 @@ from .outbox import SEND_TIMEOUT, OutboxSender, channels
 from .procs import boot_id, hostname, own_process_start, owner_provably_dead
 from .protocol import protocol_check
 from .schedules import schedules_fire_due
+from .slots import Slot, Wakeup
 from .store import DATABASE_FAULTS, Lease, pause_after_fault
 
 log = logging.getLogger("runtime.worker")
@@ -91,8 +89,8 @@ class Worker:
         self._lock = threading.Lock()
         # Run id -> (set when the run is done here, its lease), for every run in flight.
         self._active: dict[int, tuple[threading.Event, Lease]] = {}
-        self._slots: list[_Slot] = []
-        self._free: list[_Slot] = []
+        self._slots: list[Slot] = []
+        self._free: list[Slot] = []
         self.finished = 0
         self.faults = 0  # database faults ridden out by the claiming loop
         self.claim_conflicts = 0  # claims another worker won first (never on PostgreSQL)
@@ -130,7 +128,7 @@ class Worker:
         if channels():  # notifications to deliver: a thread of their own (they wait on I/O)
             self._sender = OutboxSender(self.clock)
             self._sender.start()
-        self._slots = [_Slot(self, n) for n in range(self.concurrency)]
+        self._slots = [Slot(self, n) for n in range(self.concurrency)]
         self._free = list(self._slots)
         log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s", self.owner,
                  self.concurrency, self.lease_seconds, self.poll_interval,
@@ -337,7 +335,7 @@ class Worker:
                  "taken over" if acquired.taken_over else "claimed")
         slot.give(acquired)
 
-    def _execute(self, slot: _Slot, acquired: Acquired) -> None:
+    def _execute(self, slot: Slot, acquired: Acquired) -> None:
         run_id = acquired.run.pk
         try:
             run = self.driver.execute(acquired, should_stop=self._stop.is_set, reload=False)
@@ -430,74 +428,3 @@ def _close_if_left_in_transaction() -> None:
             connection.close()
     except Exception:
         log.exception("closing a connection left in a transaction failed")
-
-
-class Wakeup:
-    """A flag that also wakes a ``select()``: set from any thread or a signal handler, so an
-    idle worker waiting on its listening socket wakes at once when a slot frees or a stop is
-    asked for. Lock-free (a plain attribute and a pipe), so a signal handler setting it while
-    the main thread clears it cannot deadlock; a byte in the pipe counts as set."""
-
-    def __init__(self) -> None:
-        self._set = False
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-
-    def set(self) -> None:
-        self._set = True
-        # Full: a wake-up is pending anyway; closed: the worker has stopped waiting.
-        with contextlib.suppress(OSError):
-            os.write(self._write, b"\0")
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def clear(self) -> None:
-        self._set = False
-        with contextlib.suppress(OSError):
-            while os.read(self._read, 4096):
-                pass
-
-    def wait(self, timeout: float, fd: int | None = None) -> tuple[bool, bool]:
-        """Block up to ``timeout`` seconds: (this was set, ``fd`` is readable)."""
-        fds = [self._read] if fd is None else [self._read, fd]
-        ready = select.select(fds, [], [], max(timeout, 0.0))[0]
-        return self._set or self._read in ready, fd is not None and fd in ready
-
-    def close(self) -> None:
-        os.close(self._read)
-        os.close(self._write)
-
-
-class _Slot:
-    """One of a worker's ``concurrency`` executor threads. It lives as long as the worker and
-    keeps its database connection, so a run costs neither a thread nor a connection."""
-
-    def __init__(self, worker: Worker, number: int) -> None:
-        self.worker = worker
-        self._inbox: queue.SimpleQueue[Acquired | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, daemon=True,
-                                       name=f"{worker.name}-slot{number}")
-        self.thread.start()
-
-    def give(self, acquired: Acquired) -> None:
-        self._inbox.put(acquired)
-
-    def stop(self) -> None:
-        self._inbox.put(None)
-
-    def _loop(self) -> None:
-        try:
-            while (acquired := self._inbox.get()) is not None:
-                try:
-                    self.worker._execute(self, acquired)
-                except BaseException:  # what ended a run's own thread before: not the slot
-                    # (_execute has already returned the slot and closed a connection left in
-                    # a transaction)
-                    log.exception("run=%s: stopped by a BaseException", acquired.run.pk)
-        finally:
-            try:
-                connection.close()
-            except Exception:
-                log.exception("closing a slot's connection failed")

@@ -324,7 +324,7 @@ def test_a_wake_up_written_after_a_clear_still_wakes():
     """set() raced clear(): the flag ended cleared but set()'s byte is in the pipe."""
     import os
 
-    from runtime.worker import Wakeup
+    from runtime.slots import Wakeup
 
     wake = Wakeup()
     try:

@@ -1,0 +1,92 @@
+"""What a worker process runs on: its slots (long-lived executor threads, each keeping its
+database connection) and the wake-up flag its idle loop waits on."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import select
+import threading
+from typing import TYPE_CHECKING
+
+from django.db import connection
+
+from .claims import Acquired
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+log = logging.getLogger("runtime.worker")
+
+
+class Wakeup:
+    """A flag that also wakes a ``select()``: set from any thread or a signal handler, so an
+    idle worker waiting on its listening socket wakes at once when a slot frees or a stop is
+    asked for. Lock-free (a plain attribute and a pipe), so a signal handler setting it while
+    the main thread clears it cannot deadlock; a byte in the pipe counts as set."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        self._set = True
+        # Full: a wake-up is pending anyway; closed: the worker has stopped waiting.
+        with contextlib.suppress(OSError):
+            os.write(self._write, b"\0")
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def clear(self) -> None:
+        self._set = False
+        with contextlib.suppress(OSError):
+            while os.read(self._read, 4096):
+                pass
+
+    def wait(self, timeout: float, fd: int | None = None) -> tuple[bool, bool]:
+        """Block up to ``timeout`` seconds: (this was set, ``fd`` is readable)."""
+        fds = [self._read] if fd is None else [self._read, fd]
+        ready = select.select(fds, [], [], max(timeout, 0.0))[0]
+        return self._set or self._read in ready, fd is not None and fd in ready
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
+class Slot:
+    """One of a worker's ``concurrency`` executor threads. It lives as long as the worker and
+    keeps its database connection, so a run costs neither a thread nor a connection."""
+
+    def __init__(self, worker: Worker, number: int) -> None:
+        self.worker = worker
+        self._inbox: queue.SimpleQueue[Acquired | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, daemon=True,
+                                       name=f"{worker.name}-slot{number}")
+        self.thread.start()
+
+    def give(self, acquired: Acquired) -> None:
+        self._inbox.put(acquired)
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+
+    def _loop(self) -> None:
+        try:
+            while (acquired := self._inbox.get()) is not None:
+                try:
+                    self.worker._execute(self, acquired)
+                except BaseException:  # what ended a run's own thread before: not the slot
+                    # (_execute has already returned the slot and closed a connection left in
+                    # a transaction)
+                    log.exception("run=%s: stopped by a BaseException", acquired.run.pk)
+        finally:
+            try:
+                connection.close()
+            except Exception:
+                log.exception("closing a slot's connection failed")
