@@ -54,11 +54,25 @@ def lookup(ctx: ToolContext, order: int) -> dict:
     return {"order": order, "amount": 7}
 
 
+def _hold(ctx: ToolContext) -> None:
+    """With RUNTIME_KIT_HOLD_DIR set, a call that took effect waits, before it returns, until
+    the test releases it: it marks ``entered-<run>-<attempt>`` and waits (up to 120 s) for
+    ``release-<run>`` (a network fault can then strike while the call is in flight)."""
+    where = os.environ.get("RUNTIME_KIT_HOLD_DIR")
+    if not where:
+        return
+    Path(where, f"entered-{ctx.run_id}-{ctx.attempt}").touch()
+    deadline = time.monotonic() + 120
+    while not Path(where, f"release-{ctx.run_id}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # the outside world answering: polled, bounded
+
+
 @tool(effect="side_effect")
 def charge(ctx: ToolContext, amount: int) -> dict:
     """Charge a card (no dispatch record: a crash mid-call is always a question)."""
     _latency()
     ledger().record_call("charge", ctx, amount=amount)
+    _hold(ctx)
     return {"charged": amount, "key": ctx.idempotency_key}
 
 

@@ -1,0 +1,241 @@
+"""runtime.testkit.hosts: workers on separate hosts (network namespaces on a bridge) against a
+PostgreSQL server of the test's own, with network faults between them."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import call_command
+
+from runtime.benchkit.db import use_database
+from runtime.models import Approval, ApprovalStatus, Event, Run, RunStatus
+from runtime.models import Worker as WorkerRow
+from runtime.testkit import APPROVE, ProcessKit
+from runtime.testkit.hosts import Cluster, PgServer
+from tests.engines import postgres_config
+from tests.procs import ROOT
+
+AGENTS = "runtime.testkit.agents.AGENTS"
+LEASE = 2.0
+
+
+class Site:
+    """The cluster, its database server and the test's view of both."""
+
+    def __init__(self, cluster: Cluster, server: PgServer, url: str, workdir: Path) -> None:
+        self.cluster, self.server, self.url, self.workdir = cluster, server, url, workdir
+        self.env = {**os.environ, "DATABASE_URL": url, "RUNTIME_AGENTS": AGENTS,
+                    "RUNTIME_TEST_DIR": str(workdir), "RUNTIME_KIT_HOLD_DIR": str(workdir),
+                    "PYTHONUNBUFFERED": "1"}
+        for key in ("RUNTIME_CRASH_POINTS", "RUNTIME_CRASH_REACHED_FILE"):
+            self.env.pop(key, None)
+
+    def worker(self, host: str, name: str, *extra: str, skew: float = 0.0,
+               url: str | None = None) -> Any:
+        """``runworker`` inside ``host``; ``skew``: its clock that many seconds off;
+        ``url``: another way to the database (a slow link)."""
+        command = ([sys.executable, str(ROOT / "runtime" / "testkit" / "skew.py"), str(skew)]
+                   if skew
+                   else [sys.executable, str(ROOT / "manage.py")])
+        env = {**self.env, "DATABASE_URL": url} if url else self.env
+        proc = self.cluster.popen(
+            host, [*command, "runworker", "--name", name, "--lease-seconds", str(LEASE),
+                   "--poll-interval", "0.2", *extra],
+            env=env, log=self.workdir / f"{name}.log", cwd=ROOT)
+        proc.log = self.workdir / f"{name}.log"  # type: ignore[attr-defined]
+        return proc
+
+
+def wait_for(condition: Any, what: str, timeout: float = 60.0) -> None:
+    """Wait (bounded) for a state other processes reach: synchronisation, not a guess."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def site(tmp_path: Path, _sqlite_settings: dict[str, Any], django_db_blocker) -> Iterator[Site]:
+    cluster = Cluster(3)
+    cluster.up()
+    server = PgServer(cluster.address, 6400 + cluster.net, cluster.subnet)
+    try:
+        server.start()
+        with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE runtime")
+        url = server.url("runtime")
+        with django_db_blocker.unblock():
+            use_database(postgres_config(url))
+            try:
+                call_command("migrate", verbosity=0, interactive=False)
+                yield Site(cluster, server, url, tmp_path)
+            finally:
+                use_database(_sqlite_settings)
+    finally:
+        cluster.down()  # kills what it started, by pid
+        server.remove()
+
+
+def _owner(name: str) -> str:
+    return WorkerRow.objects.get(name=name).owner
+
+
+@pytest.mark.parametrize("fault", ["partition", "pause"])
+def test_a_cut_off_worker_is_taken_over_and_afterwards_records_nothing(site, fault):
+    """Worker A (host 1) is inside a side-effect call when its host loses the database
+    (``partition``: its link goes down) or its process stops (``pause``: SIGSTOP, as a VM
+    paused for longer than its lease). Its lease lapses by the database's clock; worker B
+    (host 2) takes the run over and, the call's outcome being unknown, asks a person. When A
+    comes back and its call returns, A records nothing (its commit is fenced off by the new
+    epoch) and starts no further call; the outside world's ledger counts the one call A made,
+    then the one an approval allowed."""
+    a_host, b_host = site.cluster.hosts[0], site.cluster.hosts[1]
+    kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
+                     lease_seconds=LEASE, env=site.env)
+    run_id = kit.start("charge")
+    a = site.worker(a_host, "a")
+    entered = site.workdir / f"entered-{run_id}-1"
+    wait_for(entered.exists, "worker A inside the charge")
+    owner_a = _owner("a")
+    if fault == "partition":
+        site.cluster.partition(a_host)
+        assert not site.cluster.reachable(a_host, site.server.port, timeout=1)
+    else:
+        site.cluster.pause(a)
+    kit.wait_for_expiry([run_id])
+    b = site.worker(b_host, "b")
+    wait_for(lambda: Approval.objects.filter(run_id=run_id,
+                                             status=ApprovalStatus.PENDING).exists(),
+             "worker B to take the run over and ask a person")
+    taken = Event.objects.get(run_id=run_id, kind="lease.taken_over")
+    assert taken.payload["previous_owner"] == owner_a and taken.actor != owner_a
+    if fault == "partition":
+        site.cluster.heal(a_host)
+    else:
+        site.cluster.resume(a)
+    (site.workdir / f"release-{run_id}").touch()
+    wait_for(lambda: re.search(rf"run={run_id} owner={re.escape(owner_a)} stopped",
+                               a.log.read_text()) is not None,
+             "worker A to find its lease gone", timeout=120)
+    assert a.poll() is None  # A survived it
+    assert not Event.objects.filter(run_id=run_id, seq__gt=taken.seq, actor=owner_a).exists()
+    assert kit.ledger.executions()[(run_id, 2)] == 1  # A's one call; nothing started after
+    kit.operate(lambda approval: APPROVE)
+    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+             "the approved re-run to finish")
+    assert kit.ledger.executions()[(run_id, 2)] == 2  # one more, with the approval consumed
+    report = kit.check([run_id])
+    assert report.approvals_consumed == 1 and report.violations == []
+    for proc in (a, b):
+        site.cluster.kill(proc)
+
+
+def _held_run_survives(site, kit, holder: Any, others: Any, seconds: float) -> tuple[int, list]:
+    """Start a charge, let ``holder`` (the only worker yet) enter it, start the others
+    (``others()``), keep the call open ``seconds`` while they look for runs to take, release
+    it; the run's id once it has succeeded, and the others."""
+    run_id = kit.start("charge")
+    wait_for((site.workdir / f"entered-{run_id}-1").exists, "the holder inside the charge")
+    started = others()
+    wait_for(lambda: WorkerRow.objects.count() == 1 + len(started), "the others registered")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # the others poll every 0.2 s meanwhile
+        assert holder.poll() is None
+        assert not Event.objects.filter(run_id=run_id, kind="lease.taken_over").exists()
+        time.sleep(0.2)
+    (site.workdir / f"release-{run_id}").touch()
+    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+             "the held run to finish")
+    assert not Event.objects.filter(run_id=run_id, kind="lease.taken_over").exists()
+    assert kit.ledger.executions()[(run_id, 2)] == 1
+    return run_id, started
+
+
+@pytest.mark.parametrize("skew", [7200.0, -7200.0])
+def test_a_clock_two_hours_off_neither_takes_a_live_lease_nor_loses_its_own(site, skew):
+    """The holder's clock is two hours off one way and the other workers' two hours off the
+    other way (one of them always "sees" the lease as long expired by its own clock): the
+    database's clock judges leases, so a call held open for three lease periods is never taken
+    over, and the holder's renewals keep its lease."""
+    kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
+                     lease_seconds=LEASE, env=site.env)
+    a = site.worker(site.cluster.hosts[0], "a", skew=skew)
+    run_id, others = _held_run_survives(
+        site, kit, a, lambda: [site.worker(site.cluster.hosts[i], f"o{i}", skew=-skew)
+                               for i in (1, 2)], 3 * LEASE)
+    # the skew was real: the holder stamped its events with its own clock
+    started = Event.objects.get(run_id=run_id, kind="step.tool_started", step_index=2)
+    claimed = Event.objects.get(run_id=run_id, kind="run.created")
+    assert abs((started.at - claimed.at).total_seconds() - skew) < 60
+    assert a.log.read_text().count("lease lost") == 0
+    for proc in (a, *others):
+        site.cluster.kill(proc)
+
+
+def test_a_worker_on_a_slow_link_keeps_its_runs(site):
+    """Worker A reaches the database through a link that holds every packet 100 ms each way
+    (well below the two-second lease); the other workers are close by. A call held open for
+    three lease periods is never taken over and the run finishes."""
+    from runtime.testkit.hosts import DelayProxy
+
+    port = site.server.port + 1
+    proxy = DelayProxy((site.cluster.address, port), (site.cluster.address, site.server.port),
+                       delay=0.1)
+    proxy.start()
+    try:
+        kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
+                         lease_seconds=LEASE, env=site.env)
+        slow = site.url.replace(f":{site.server.port}/", f":{port}/")
+        a = site.worker(site.cluster.hosts[0], "a", url=slow)
+        _run_id, others = _held_run_survives(
+            site, kit, a, lambda: [site.worker(site.cluster.hosts[i], f"o{i}") for i in (1, 2)],
+            3 * LEASE)
+        for proc in (a, *others):
+            site.cluster.kill(proc)
+    finally:
+        proxy.stop()
+
+
+def test_every_worker_rides_out_a_database_restart_and_every_run_ends(site):
+    """Three workers on three hosts work through 30 runs (reads and charges); the database
+    server restarts in the middle. Every worker survives, every run ends (an operator approving
+    what a cut connection left in doubt), and no side effect ran twice without an approval
+    consumed, by the outside world's ledger."""
+    env = {k: v for k, v in site.env.items() if k != "RUNTIME_KIT_HOLD_DIR"}
+    env["RUNTIME_KIT_TOOL_SECONDS"] = "0.2"
+    site.env = env
+    kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
+                     lease_seconds=LEASE, env=env)
+    runs = [kit.start("charge" if i % 2 else "read") for i in range(30)]
+    workers = [site.worker(host, f"w{i}", "--concurrency", "3")
+               for i, host in enumerate(site.cluster.hosts)]
+    wait_for(lambda: Run.objects.filter(pk__in=runs, status=RunStatus.SUCCEEDED).count() >= 5,
+             "work under way")
+    site.server.restart()
+    from django.db import connection
+
+    connection.close()  # this process's connection died with the server too
+
+    def settled() -> bool:
+        kit.operate(lambda approval: APPROVE)
+        return not Run.objects.filter(pk__in=runs).exclude(
+            status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]).exists()
+
+    wait_for(settled, "every run to end", timeout=120)
+    assert all(w.poll() is None for w in workers)  # every worker survived the restart
+    assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {
+        RunStatus.SUCCEEDED}
+    report = kit.check(runs)
+    assert report.runs == 30 and report.violations == []
+    logs = "".join(w.log.read_text() for w in workers)
+    assert "database fault" in logs  # they did meet the restart
+    for proc in workers:
+        site.cluster.kill(proc)
