@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo crash-table chaos bench clean
+.PHONY: install test lint demo crash-table chaos partition-soak bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ crash-table: install
 # The long chaos soak (the suite runs a short one).
 chaos: install
 	$(PY) manage.py chaos --workers 3 --runs 200 --seconds 60 --seed $${SEED:-1}
+
+# The long partition soak: three hosts (network namespaces; needs root) against a PostgreSQL
+# server of its own, with partitions, pauses, skewed clocks, kills and server restarts.
+partition-soak: install
+	$(PY) manage.py chaos --hosts 3 --runs 300 --seconds 180 --tool-seconds 0.5 --seed $${SEED:-1}
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3* .pytest_cache

@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.db import connection
+
 from ..crashpoints import OFF_STEP_POINTS, CrashPoint
 from ..errors import AgentRuntimeError
 from ..models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
 from ..procs import die_with_parent
+from ..store import DATABASE_FAULTS
 from .databases import Database, database_url
 from .invariants import Report, check_invariants
 from .ledger import Ledger
@@ -61,6 +64,7 @@ class ChaosReport:
     violations: list[str] = field(default_factory=list)
     locked: int = 0
     seconds: float = 0.0
+    faults: Counter[str] = field(default_factory=Counter)  # network, pause, clock, server
 
     @property
     def ok(self) -> bool:
@@ -75,6 +79,9 @@ class ChaosReport:
                 ("worker restarts", str(self.restarts)),
                 ("takeovers", ", ".join(f"{k} {v}" for k, v in sorted(self.takeovers.items()))
                  or "0")]
+        if self.faults:
+            rows.append(("faults injected", ", ".join(f"{k} {v}" for k, v in
+                                                      sorted(self.faults.items()))))
         for (kind, decision), n in sorted(self.approvals.items()):
             rows.append((f"approvals {kind} / {decision}", str(n)))
         rows += [("side-effect executions counted outside", str(self.side_effects)),
@@ -110,14 +117,20 @@ class Chaos:
         deadline = started + self.cfg.seconds
         next_kill = started + self.rng.uniform(*self.cfg.kill_interval)
         try:
-            while time.monotonic() < deadline and not self._all_ended():
-                self._operate()
+            while time.monotonic() < deadline:
                 self._supervise()
                 if time.monotonic() >= next_kill:
-                    self._kill_one()
+                    self._fault()
                     next_kill = time.monotonic() + self.rng.uniform(*self.cfg.kill_interval)
+                try:
+                    self._operate()
+                    if self._all_ended():
+                        break
+                except DATABASE_FAULTS:  # the database restarting under the soak: go on
+                    connection.close()
                 time.sleep(0.05)  # the soak's own pace, not a synchronisation
         finally:
+            self._calm()
             self._stop_all()
         self._settle()
         self._tally(time.monotonic() - started)
@@ -150,16 +163,31 @@ class Chaos:
     def _start(self, slot: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
         self._n += 1
         arm = not extra and self.rng.random() < self.cfg.arm_probability
-        log = open(self.workdir / f"worker-{self._n}.log", "w")  # noqa: SIM115 - child owns it
-        proc = subprocess.Popen(
-            [sys.executable, str(self.manage), "runworker", "--name", f"chaos{slot}",
-             "--concurrency", str(self.cfg.concurrency), "--lease-seconds",
-             str(self.cfg.lease_seconds), "--poll-interval", "0.1", *extra],
-            cwd=self.manage.parent, env=self._env(arm), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        log.close()
+        proc = self._spawn(slot, ["runworker", "--name", f"chaos{slot}",
+                                  "--concurrency", str(self.cfg.concurrency), "--lease-seconds",
+                                  str(self.cfg.lease_seconds), "--poll-interval", "0.1",
+                                  *extra], self._env(arm),
+                           self.workdir / f"worker-{self._n}.log")
         self.procs[slot], self.armed[slot] = proc, arm
         return proc
+
+    def _spawn(self, slot: int, args: list[str], env: dict[str, str],
+               log_path: Path) -> subprocess.Popen:
+        """Start ``manage.py ARGS`` for worker ``slot`` (here, on this host)."""
+        log = open(log_path, "w")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(
+            [sys.executable, str(self.manage), *args], cwd=self.manage.parent, env=env,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent)
+        log.close()
+        return proc
+
+    def _fault(self) -> None:
+        """One fault at a random moment: here, a worker SIGKILLed."""
+        self._kill_one()
+
+    def _calm(self) -> None:
+        """Undo what is still in force before the workers are stopped (nothing here)."""
 
     def _supervise(self) -> None:
         for slot, proc in list(self.procs.items()):

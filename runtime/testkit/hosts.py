@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 SUBNET_BASE = "10.77"
@@ -155,11 +155,13 @@ class Cluster:
     # -- processes --------------------------------------------------------------------------
 
     def popen(self, host: str, args: Sequence[str], *, env: dict[str, str], log: Path,
-              cwd: Path | str | None = None) -> subprocess.Popen:
+              cwd: Path | str | None = None,
+              preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen:
         """Start ``args`` inside ``host`` (its pid is the command's own)."""
         out = open(log, "w")  # noqa: SIM115 - the child holds it; closed with the process
         proc = subprocess.Popen(["ip", "netns", "exec", host, *args], env=env, cwd=cwd,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=preexec_fn)
         out.close()
         self._procs.append(proc)
         return proc

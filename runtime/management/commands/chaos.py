@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
+import psycopg
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
@@ -17,6 +19,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from runtime.models import Run
 from runtime.testkit.chaos import Chaos, ChaosConfig
+from runtime.testkit.hosts import Cluster, PgServer
+from runtime.testkit.partition import FAULTS, PartitionConfig, PartitionSoak
 
 
 def _point_default_at(config: dict[str, Any]) -> None:
@@ -50,6 +54,12 @@ class Command(BaseCommand):
         parser.add_argument("--dir", default=None,
                             help="where to put the database, ledger and logs (kept); default: "
                                  "a temporary directory under var/, removed afterwards")
+        parser.add_argument("--hosts", type=int, default=0,
+                            help="the partition soak: one worker on each of this many hosts "
+                                 "(network namespaces; needs root) against a PostgreSQL server "
+                                 "of its own, with --faults between them")
+        parser.add_argument("--faults", default=",".join(FAULTS),
+                            help=f"with --hosts, the faults to inject (of {', '.join(FAULTS)})")
         parser.add_argument("--database-url", default=None,
                             help="soak this PostgreSQL database (postgres://...) instead of a "
                                  "fresh SQLite file; it is migrated first and refused if it "
@@ -62,6 +72,9 @@ class Command(BaseCommand):
         if opts["seconds"] <= 0 or opts["lease_seconds"] <= 0 or opts["tool_seconds"] < 0:
             raise CommandError("--seconds and --lease-seconds must be positive, "
                                "--tool-seconds not negative")
+        if opts["hosts"]:
+            self._partition_soak(opts)
+            return
         url = opts["database_url"]
         target: dict[str, Any] | None = None
         if url is not None:
@@ -105,3 +118,54 @@ class Command(BaseCommand):
         if not report.ok:
             raise CommandError(f"{len(report.violations)} invariant violation(s)")
         self.stdout.write("chaos: every invariant held")
+
+    def _partition_soak(self, opts: dict[str, Any]) -> None:
+        faults = tuple(f for f in opts["faults"].split(",") if f)
+        unknown = sorted(set(faults) - set(FAULTS))
+        if unknown or not faults:
+            raise CommandError(f"--faults takes some of {', '.join(FAULTS)}; not "
+                               f"{', '.join(unknown) or 'nothing'}")
+        if opts["hosts"] < 2:
+            raise CommandError("--hosts must be at least 2 (a takeover needs another host)")
+        if os.geteuid() != 0:
+            raise CommandError("--hosts needs root: it makes network namespaces")
+        settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        keep = opts["dir"] is not None
+        workdir = (Path(opts["dir"]).resolve() if keep
+                   else Path(tempfile.mkdtemp(prefix="partition-", dir=settings.VAR_DIR)))
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = PartitionConfig(workers=opts["hosts"], runs=opts["runs"],
+                                 seconds=opts["seconds"], seed=opts["seed"],
+                                 concurrency=opts["concurrency"],
+                                 lease_seconds=opts["lease_seconds"],
+                                 tool_seconds=opts["tool_seconds"], faults=faults,
+                                 kill_interval=(0.5, 2.0))
+        cluster = Cluster(opts["hosts"])
+        server = PgServer(cluster.address, 6400 + cluster.net, cluster.subnet)
+        original = copy.deepcopy(settings.DATABASES["default"])
+        try:
+            cluster.up()
+            server.start()
+            with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
+                admin.execute("CREATE DATABASE chaos")
+            url = server.url("chaos")
+            _point_default_at(dj_database_url.parse(url, conn_max_age=0))
+            call_command("migrate", verbosity=0, interactive=False)
+            self.stdout.write(f"partition soak: {config.runs} runs, {opts['hosts']} hosts x "
+                              f"{config.concurrency} threads, faults {', '.join(faults)}, "
+                              f"seed {config.seed}, in {workdir}")
+            report = PartitionSoak(config, cluster=cluster, server=server, url=url,
+                                   workdir=workdir,
+                                   manage=Path(settings.BASE_DIR) / "manage.py").run(
+                                       out=self.stdout)
+        finally:
+            _point_default_at(original)
+            cluster.down()
+            server.remove()
+            if not keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+        for line in report.violations[:50]:
+            self.stderr.write(line)
+        if not report.ok:
+            raise CommandError(f"{len(report.violations)} invariant violation(s)")
+        self.stdout.write("partition soak: every invariant held")
