@@ -59,6 +59,17 @@ class Engine(Protocol):
     def notify_ready(self) -> None: ...
 
 
+def commit_each(engine: Engine, plans: list[Plan], clock: Any) -> list[Committed | BaseException]:
+    """Each plan in a commit of its own; each plan's result, or ``Refused``."""
+    out: list[Committed | BaseException] = []
+    for plan in plans:
+        try:
+            out.append(engine.commit(plan, clock))
+        except Refused as refused:
+            out.append(refused)
+    return out
+
+
 def database_time(clock: Any) -> bool:
     """Whether leases are judged by the database server's own clock (the system clock on an
     engine that has one) rather than by ``clock``'s value (an injected test clock)."""

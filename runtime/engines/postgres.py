@@ -24,7 +24,7 @@ from ..audit import build_events
 from ..crashpoints import CrashPoint
 from ..models import Event, Step
 from ..plan import Plan
-from . import Committed, Refused, database_time, fill, write_approvals_in_tx
+from . import Committed, Refused, commit_each, database_time, fill, write_approvals_in_tx
 from .sql import (
     EVENT_COLUMNS,
     STEP_COLUMNS,
@@ -82,13 +82,7 @@ class PostgresEngine:
     def commit_many(self, plans: list[Plan], clock: Any) -> list[Committed | BaseException]:
         """Each plan in a commit of its own (PostgreSQL groups commits in its WAL writer);
         each plan's result, or ``Refused``."""
-        out: list[Committed | BaseException] = []
-        for plan in plans:
-            try:
-                out.append(self.commit(plan, clock))
-            except Refused as refused:
-                out.append(refused)
-        return out
+        return commit_each(self, plans, clock)
 
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
         write_approvals_in_tx(plan)

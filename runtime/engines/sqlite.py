@@ -20,7 +20,7 @@ from ..audit import build_events
 from ..backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from ..crashpoints import CrashPoint
 from ..plan import Plan
-from . import Committed, Refused, fill, write_approvals_in_tx
+from . import Committed, Refused, commit_each, fill, write_approvals_in_tx
 from .group import Ticket, group_committer, write_group
 from .sql import (
     EVENT_COLUMNS,
@@ -154,13 +154,7 @@ class SqliteEngine:
         holds)."""
         db = connections[DEFAULT_DB_ALIAS]
         if not groups(db):  # inside the caller's transaction: one after the other
-            out: list[Committed | BaseException] = []
-            for plan in plans:
-                try:
-                    out.append(self.commit(plan, clock))
-                except Refused as refused:
-                    out.append(refused)
-            return out
+            return commit_each(self, plans, clock)
         tickets = []
         for plan in plans:
             prepared = self._prepare(db, plan)
