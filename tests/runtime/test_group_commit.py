@@ -108,6 +108,23 @@ def test_plans_arriving_while_a_group_is_written_are_written_together_next(rdb):
         assert Event.objects.filter(run_id=lease.run_id, kind="llm.failed").count() == 1
 
 
+def group_one_failing_among_kept(first: Lease, start_failing: Any,
+                                 kept: list[Lease]) -> Background:
+    """Hold a group with ``first``; queue the plan ``start_failing()`` commits in the
+    background and a plan of each of ``kept`` behind it; release. Every kept plan commits
+    (checked here); the failing one's job is returned with its outcome."""
+    holder = Holder(first)
+    failing = start_failing()
+    jobs = [commit_in_background(lease, noted(lease, "kept")) for lease in kept]
+    holder.queue_then_release(1 + len(kept))
+    failing.thread.join(10)
+    for job in jobs:
+        job.thread.join(10)
+        assert job.error is None
+    assert Event.objects.filter(payload__note="kept").count() == len(kept)
+    return failing
+
+
 def test_a_refused_plan_rolls_back_alone_and_the_others_commit(rdb):
     first, lost, *kept = leases(4)
     # Someone else moved ``lost`` on: its plan's fence (chain head) no longer holds.
@@ -116,20 +133,12 @@ def test_a_refused_plan_rolls_back_alone_and_the_others_commit(rdb):
     stale = lease_plan(Lease(lost.run_id, lost.owner, lost.epoch, lost.expires_at,
                              (lost.position[0] - 1, "0" * 64), seconds=60), SYSTEM_CLOCK.now())
     stale.event("llm.failed", {"note": "stale"})
-    holder = Holder(first)
-    refused = Background(lambda: lease_commit(Lease(lost.run_id, lost.owner, lost.epoch,
-                                                    lost.expires_at, (stale.fence.seq,
-                                                                      stale.head), seconds=60),
-                                              stale, SYSTEM_CLOCK))
-    jobs = [commit_in_background(lease, noted(lease, "kept")) for lease in kept]
-    holder.queue_then_release(1 + len(kept))
-    refused.thread.join(10)
-    for job in jobs:
-        job.thread.join(10)
-        assert job.error is None
+    behind = Lease(lost.run_id, lost.owner, lost.epoch, lost.expires_at,
+                   (stale.fence.seq, stale.head), seconds=60)
+    refused = group_one_failing_among_kept(
+        first, lambda: commit_in_background(behind, stale), kept)
     assert isinstance(refused.error, LeaseLost)
     assert not Event.objects.filter(payload__note="stale").exists()
-    assert Event.objects.filter(payload__note="kept").count() == len(kept)
 
 
 def test_a_plan_failing_half_way_is_undone_to_its_savepoint_and_the_others_commit(rdb):
@@ -140,19 +149,12 @@ def test_a_plan_failing_half_way_is_undone_to_its_savepoint_and_the_others_commi
     bad = noted(broken, "half")  # its run row is updated, then its step insert collides
     bad.step_insert(Step(run_id=broken.run_id, index=0, status=StepStatus.DECIDING,
                          started_at=SYSTEM_CLOCK.now()))
-    holder = Holder(first)
-    failing = commit_in_background(broken, bad)
-    jobs = [commit_in_background(lease, noted(lease, "kept")) for lease in kept]
-    holder.queue_then_release(1 + len(kept))
-    failing.thread.join(10)
-    for job in jobs:
-        job.thread.join(10)
-        assert job.error is None
+    failing = group_one_failing_among_kept(
+        first, lambda: commit_in_background(broken, bad), kept)
     assert isinstance(failing.error, IntegrityError)
     after = Run.objects.get(pk=broken.run_id)
     assert (after.event_seq, after.event_hash) == (before.event_seq, before.event_hash)
     assert not Event.objects.filter(payload__note="half").exists()
-    assert Event.objects.filter(payload__note="kept").count() == len(kept)
 
 
 def test_an_event_colliding_in_the_groups_one_insert_fails_its_plan_alone(rdb):
@@ -164,19 +166,12 @@ def test_an_event_colliding_in_the_groups_one_insert_fails_its_plan_alone(rdb):
                          kind="llm.failed", payload={}, actor="intruder",
                          at=SYSTEM_CLOCK.now(), hash="0" * 64)
     before = Run.objects.get(pk=clashing.run_id)
-    holder = Holder(first)
-    failing = commit_in_background(clashing, noted(clashing, "clash"))
-    jobs = [commit_in_background(lease, noted(lease, "kept")) for lease in kept]
-    holder.queue_then_release(1 + len(kept))
-    failing.thread.join(10)
-    for job in jobs:
-        job.thread.join(10)
-        assert job.error is None
+    failing = group_one_failing_among_kept(
+        first, lambda: commit_in_background(clashing, noted(clashing, "clash")), kept)
     assert isinstance(failing.error, IntegrityError)
     after = Run.objects.get(pk=clashing.run_id)
     assert (after.event_seq, after.event_hash) == (before.event_seq, before.event_hash)
     assert not Event.objects.filter(payload__note="clash").exists()
-    assert Event.objects.filter(payload__note="kept").count() == len(kept)
 
 
 def test_a_crash_in_the_middle_of_a_group_loses_every_plan_of_it_and_nothing_else(rdb, crash):
