@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from runtime.dbnet import with_network_options
 from runtime.files import private_dir, secret_key_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -129,7 +130,8 @@ def _database() -> dict:
         config["ENGINE"] = "runtime.backends.sqlite3"
         if os.environ.get("RUNTIME_SQLITE_WRITER_QUEUE", "1") == "0":
             config["OPTIONS"]["writer_queue"] = False
-    return config
+    # PostgreSQL: every wait on a dead link bounded (runtime/dbnet.py); the URL's options win.
+    return with_network_options(config)
 
 
 DATABASES = {"default": _database()}

@@ -239,3 +239,66 @@ def test_every_worker_rides_out_a_database_restart_and_every_run_ends(site):
     assert "database fault" in logs  # they did meet the restart
     for proc in workers:
         site.cluster.kill(proc)
+
+
+def test_a_long_partition_ends_in_database_errors_not_a_hang_and_the_worker_serves_again(site):
+    """Worker A's host is cut off for longer than the network timeout (3 s here, 15 s by
+    default; runtime/dbnet.py). Its statements and its idle connection fail within that bound
+    instead of waiting in TCP's retransmissions for many minutes; A survives, and once the
+    link is back it reconnects and serves a new run."""
+    site.env["RUNTIME_PG_NETWORK_TIMEOUT"] = "3"
+    kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
+                     lease_seconds=LEASE, env=site.env)
+    host = site.cluster.hosts[0]
+    a = site.worker(host, "a")
+    wait_for(lambda: WorkerRow.objects.filter(name="a").exists(), "worker A registered")
+    site.cluster.partition(host)
+    try:
+        # the claim loop's statement gives up (without the bounds it waits for many minutes)
+        wait_for(lambda: "database fault while claiming" in a.log.read_text(),
+                 "A's claim to fail while its host is cut off", timeout=30)
+    finally:
+        site.cluster.heal(host)
+    assert a.poll() is None
+    run_id = kit.start("read")
+    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+             "A to serve a new run after the link healed", timeout=60)
+    assert Event.objects.filter(run_id=run_id, kind="run.succeeded",
+                                actor=_owner("a")).exists()
+    site.cluster.kill(a)
+
+
+LOCKER = """
+import os, time
+from django.db import connection, transaction
+with transaction.atomic():
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT id FROM runtime_run WHERE id = %s FOR UPDATE',
+                       [int(os.environ['LOCK_RUN'])])
+    print('locked', flush=True)
+    time.sleep(3600)
+"""
+
+
+def test_a_transaction_orphaned_by_a_partition_releases_its_locks(site):
+    """A process on host 1 locks a run's row in a transaction (as a claim does between its two
+    statements) and its host is cut off: the server ends the orphaned transaction after the
+    network timeout (``idle_in_transaction_session_timeout``), so worker B on host 2 can take
+    the run over; left to the server's own keepalive, the lock would stand for hours."""
+    site.env["RUNTIME_PG_NETWORK_TIMEOUT"] = "3"
+    kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
+                     lease_seconds=LEASE, env=site.env)
+    run_id = kit.start("read")
+    host = site.cluster.hosts[0]
+    locker = site.cluster.popen(
+        host, [sys.executable, str(ROOT / "manage.py"), "shell", "-c", LOCKER],
+        env={**site.env, "LOCK_RUN": str(run_id)}, log=site.workdir / "locker.log", cwd=ROOT)
+    wait_for(lambda: "locked" in (site.workdir / "locker.log").read_text(), "the row locked")
+    site.cluster.partition(host)
+    b = site.worker(site.cluster.hosts[1], "b")
+    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+             "B to run it once the server ended the orphaned transaction", timeout=60)
+    assert locker.poll() is None  # the locker never gave the lock up itself
+    site.cluster.heal(host)
+    for proc in (locker, b):
+        site.cluster.kill(proc)
