@@ -63,11 +63,14 @@ def run_acquire(
             run = _with_expiry(runs, clock).get(pk=run_id)
         except (Run.DoesNotExist, ValueError, TypeError):
             raise RunNotFound(run_id) from None
-        if run.status == RunStatus.RUNNING and not run.expired:
-            if not (owner_is_dead and owner_is_dead(run)):
+        if run.status == RunStatus.RUNNING:
+            # Proof of death is asked for even once the lease has expired: it tells the
+            # interruption contract that the old call can no longer take effect (recovery).
+            dead = owner_is_dead is not None and owner_is_dead(run)
+            if not run.expired and not dead:
                 raise RunLeased(run.pk, run.lease_owner, run.lease_expires_at)
-            reason = "owner proved dead"
-        elif run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+            reason = "owner proved dead" if dead else ""
+        elif run.status == RunStatus.QUEUED:
             reason = ""
         else:
             raise RunNotResumable(run.pk, run.status)
@@ -123,8 +126,8 @@ def run_claim_many(
                 locked = _with_expiry(runs.select_for_update(skip_locked=True), clock)
                 for run in locked[:n - len(out)] if len(out) < n else ():
                     try:
-                        out.append(_take(run, owner, lease_seconds, clock, reason=_why(run),
-                                         locked=True))
+                        out.append(_take(run, owner, lease_seconds, clock,
+                                         reason=_why(run, dead_owners), locked=True))
                     except _Lost:  # the locked row's fence refused (the server's clock
                         if on_conflict is not None:  # stepped back): nothing of it written
                             on_conflict()
@@ -138,8 +141,8 @@ def run_claim_many(
             candidates = list((runs.exclude(pk__in=lost) if lost else runs)[:want])
             if not candidates:
                 break
-            for run, got in zip(candidates, _take_many(candidates, owner, lease_seconds, clock),
-                                strict=True):
+            taken = _take_many(candidates, owner, lease_seconds, clock, dead_owners)
+            for run, got in zip(candidates, taken, strict=True):
                 if got is None:
                     lost.append(run.pk)
                     if on_conflict is not None:
@@ -154,9 +157,12 @@ def run_claim_many(
 CANDIDATES = 3  # SQLite: runs tried per claim before the worker looks again
 
 
-def _why(run: Run) -> str:
-    """Why a running run may be taken (a queued one is simply claimed)."""
-    return "" if run.status == RunStatus.QUEUED or run.expired else "owner proved dead"
+def _why(run: Run, dead_owners: Sequence[str]) -> str:
+    """Why a running run may be taken (a queued one is simply claimed): its owner proved dead
+    (expired or not), else its lease expired ("")."""
+    if run.status == RunStatus.QUEUED:
+        return ""
+    return "owner proved dead" if run.lease_owner in dead_owners or not run.expired else ""
 
 
 class _Lost(Exception):
@@ -203,10 +209,11 @@ def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,
     return _claimed(run, plan, step, committed, seconds)
 
 
-def _take_many(runs: list[Run], owner: str, seconds: float, clock: Any) -> list[Acquired | None]:
+def _take_many(runs: list[Run], owner: str, seconds: float, clock: Any,
+               dead_owners: Sequence[str]) -> list[Acquired | None]:
     """Claim or take over each of ``runs`` in one commit (SQLite); None where the run moved.
     A database fault raises (whether the commit landed is unknown: those leases expire)."""
-    plans = [_claim_plan(run, owner, seconds, clock, _why(run)) for run in runs]
+    plans = [_claim_plan(run, owner, seconds, clock, _why(run, dead_owners)) for run in runs]
     out: list[Acquired | None] = []
     for run, (plan, step), result in zip(runs, plans, engine().commit_many(
             [plan for plan, _step in plans], clock), strict=True):
@@ -238,7 +245,8 @@ def _claim_plan(run: Run, owner: str, seconds: float, clock: Any,
             "reason": reason or "lease expired"})
         plan.event("run.resumed", {"owner": owner, "after": "takeover"})
         if step is not None:
-            interrupt_step(plan, step, previous_owner=run.lease_owner)
+            interrupt_step(plan, step, previous_owner=run.lease_owner,
+                           previous_owner_dead=bool(reason))
     else:
         plan.event("lease.taken", {"owner": owner, "epoch": epoch, "lease_seconds": seconds})
         plan.event("run.resumed" if resumed else "run.started", {"owner": owner})

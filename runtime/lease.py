@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -97,8 +98,12 @@ class LeaseKeeper:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        # A fixed cadence from one renewal's start to the next: a slow link or a slow tick
+        # must not stretch the time between renewals by its own length.
+        due = time.monotonic() + self.interval
         try:
-            while not self._stop.wait(self.interval):
+            while not self._stop.wait(max(0.0, due - time.monotonic())):
+                due = max(due + self.interval, time.monotonic())
                 self.renew_now()
         finally:
             connection.close()

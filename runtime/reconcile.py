@@ -20,11 +20,16 @@ class ReconcileView:
     idempotency_key: str
     attempt: int
     dispatched: bool  # step.tool_dispatched was recorded for this attempt
+    # Why this attempt's call may still take effect after the reconcile looks ("" if it
+    # cannot): its worker lost the lease without being proved dead. A ``Continue`` then goes
+    # to a person (an approval of kind ``reconcile``) instead of re-running at once.
+    may_still_land: str = ""
 
 
 @dataclass(frozen=True)
 class Continue:
-    """The consumer vouches the request may run again: re-run it on the same step."""
+    """The consumer vouches the request may run again: re-run it on the same step (or, while
+    the interrupted call may still land, ask a person first; see ``may_still_land``)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
 """Where a resumed run picks up: the interruption contract (design §7) and approval consumption.
 
 The runtime never runs an interrupted side-effect step again on its own, except when the tool's
-own ``ctx.dispatch()`` record proves the call never went out.
+own ``ctx.dispatch()`` record proves the call never went out. An agent's ``reconcile`` that
+finds no effect and answers ``Continue`` re-runs the call only when the interrupted attempt can
+no longer land: its worker proved dead, or its dispatch never recorded. A worker that merely
+lost its lease (its host cut off from the database, or paused) may still be inside the call,
+and its call may take effect after the reconciler looked; that question goes to a person.
 """
 
 from __future__ import annotations
@@ -80,9 +84,9 @@ def interrupted(ex: Execution, step: Step) -> Step | None:
     if step.status == StepStatus.EXECUTING:  # released mid-call by a stopping worker
         interrupt_step(plan, step)
     if ex.agent.reconcile is not None:
-        outcome = _ask_reconcile(ex, plan, step)
+        outcome, held = _ask_reconcile(ex, plan, step)
         if outcome is not None:
-            return _apply_outcome(ex, plan, step, outcome)
+            return _apply_outcome(ex, plan, step, outcome, held)
     tool, problem = _tool_for(ex, step)
     if problem:
         return _conflict(ex, plan, step, problem)
@@ -161,25 +165,48 @@ def _conflict(ex: Execution, plan: Plan, step: Step, reason: str) -> None:
     return None
 
 
-def _ask_reconcile(ex: Execution, plan: Plan, step: Step) -> Any:
+def call_may_still_land(step: Step, events: list[Event]) -> str:
+    """Why the interrupted attempt's call may still take effect from now on, or "" if it
+    cannot: it never started, it only read, its dispatch was never recorded (a dispatch after
+    the takeover is fenced off), or the worker that started it was proved dead."""
+    if step.effect != "side_effect" or step.attempt == 0:
+        return ""
+    if step.dispatches and step.dispatched_attempt != step.attempt:
+        return ""
+    last = next((e for e in reversed(events) if e.kind == "step.interrupted"
+                 and e.step_index == step.index), None)
+    if last is not None and (last.payload.get("was") != StepStatus.EXECUTING
+                             or last.payload.get("previous_owner_dead")):
+        return ""
+    who = (last.payload.get("previous_owner") if last is not None else "") or (
+        "the worker that ran it")
+    return (f"{who} lost the run without being proved dead (a host cut off from the database, "
+            f"a paused machine, or a worker stopping): its call of attempt {step.attempt} may "
+            "still be under way and take effect after the reconcile looked")
+
+
+def _ask_reconcile(ex: Execution, plan: Plan, step: Step) -> tuple[Any, str]:
+    """The agent's answer (None: it could not tell) and why the call may still land."""
+    events = list(Event.objects.filter(run_id=ex.run.pk).order_by("seq"))
     view = ReconcileView(
-        run=ex.run, steps=list(ex.steps),
-        events=list(Event.objects.filter(run_id=ex.run.pk).order_by("seq")),
+        run=ex.run, steps=list(ex.steps), events=events,
         step=step, tool=step.tool, arguments=step.arguments or {}, effect=step.effect,
         idempotency_key=step.idempotency_key, attempt=step.attempt,
-        dispatched=step.attempt > 0 and step.dispatched_attempt == step.attempt)
+        dispatched=step.attempt > 0 and step.dispatched_attempt == step.attempt,
+        may_still_land=call_may_still_land(step, events))
     try:
         outcome = ex.agent.reconcile(view)
         if not isinstance(outcome, Continue | Complete | Wait | Conflict):
             raise TypeError(f"reconcile returned {outcome!r}")
-        return outcome
+        return outcome, view.may_still_land
     except Exception as exc:  # the consumer could not tell: fall back to the default contract
         plan.event("reconcile.decided", {"outcome": "error", "error": f"{type(exc).__name__}: "
                                          f"{exc}", "fallback": "default contract"}, step.index)
-        return None
+        return None, view.may_still_land
 
 
-def _apply_outcome(ex: Execution, plan: Plan, step: Step, outcome: Any) -> Step | None:
+def _apply_outcome(ex: Execution, plan: Plan, step: Step, outcome: Any,
+                   held: str) -> Step | None:
     idx = step.index
     if isinstance(outcome, Conflict):
         plan.event("reconcile.decided", {"outcome": "conflict", "reason": outcome.reason}, idx)
@@ -202,6 +229,14 @@ def _apply_outcome(ex: Execution, plan: Plan, step: Step, outcome: Any) -> Step 
         plan.step_update(step, status=StepStatus.SUCCEEDED, result=result, finished_at=plan.at)
         ex.remember(step)
         return ex.begin_step(plan, idx + 1)
+    if held:
+        plan.event("reconcile.decided", {"outcome": "continue", "held": held}, idx)
+        ex.pause(plan, step, ApprovalKind.RECONCILE, f"Run {step.tool} again?",
+                 f"The agent's reconcile found no effect of attempt {step.attempt} and would "
+                 f"run the call again, but {held}. Approve to run it once more, resolve with "
+                 "its result if it did take effect, or reject to end the run.",
+                 StepStatus.INTERRUPTED)
+        return None
     plan.event("reconcile.decided", {"outcome": "continue"}, idx)
     tool, problem = _tool_for(ex, step)
     if problem:

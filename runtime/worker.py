@@ -391,7 +391,7 @@ class Worker:
     def _beat(self) -> None:
         """After the leases are renewed: the worker's row, and the protocol check (a database
         upgraded under a running worker stops its claims)."""
-        with engine().transaction():  # SQLite: queued like every writer, never busy-waiting
+        with engine().one_write():  # SQLite: queued like every writer, never busy-waiting
             WorkerRow.objects.filter(owner=self.owner).update(
                 heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))
         try:

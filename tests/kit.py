@@ -110,8 +110,11 @@ def make_agent(name: str, script: list, ledger: Ledger, gates: dict[str, Gate] |
 
 
 def crash_then_take_over(run_id: int, clock, crash, point: CrashPoint, step_index: int,
-                         dead: str = "worker-a", heir: str = "worker-b") -> Run:
-    """Crash ``dead`` at ``point``; check the lease stays with it; take over once it lapses."""
+                         dead: str = "worker-a", heir: str = "worker-b",
+                         proved_dead: bool = True) -> Run:
+    """Crash ``dead`` at ``point``; check the lease stays with it; take over once it lapses.
+    ``proved_dead``: the heir knows ``dead`` is gone (as a worker on its host proves by pid);
+    without it, a call ``dead`` started may still land as far as the runtime can tell."""
     crash(point, step_index=step_index)
     try:
         with pytest.raises(SimulatedCrash) as info:
@@ -124,7 +127,8 @@ def crash_then_take_over(run_id: int, clock, crash, point: CrashPoint, step_inde
     with pytest.raises(RunLeased):
         resume(run_id, owner=heir, clock=clock, lease_seconds=1)
     clock.advance(2)
-    return resume(run_id, owner=heir, clock=clock, lease_seconds=1)
+    return resume(run_id, owner=heir, clock=clock, lease_seconds=1,
+                  owner_is_dead=(lambda run: run.lease_owner == dead) if proved_dead else None)
 
 
 def events(run: Run | int, kind: str) -> list[Event]:

@@ -51,6 +51,10 @@ class Engine(Protocol):
 
     def transaction(self) -> Any: ...
 
+    def one_write(self) -> Any:
+        """Around a single write statement outside any transaction: SQLite queues it for the
+        write lock like every writer; PostgreSQL runs it as it comes (one round trip)."""
+
     def renew(self, leases: list[Any], seconds: float, clock: Any) -> dict[tuple, datetime]:
         """Renew in one statement; (run id, epoch, owner) -> new expiry of those renewed."""
 

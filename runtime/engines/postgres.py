@@ -11,7 +11,7 @@ moves approvals (rare: a pause, a consumption) runs in a transaction with them i
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -95,6 +95,9 @@ class PostgresEngine:
     def transaction(self) -> Iterator[None]:
         with transaction.atomic():
             yield
+
+    def one_write(self) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def _execute(self, db: Any, plan: Plan, clock: Any) -> Committed:
         d = PostgresDialect(database_time(clock))

@@ -174,6 +174,8 @@ class SqliteEngine:
         with write_transaction(lean=True):
             yield
 
+    one_write = transaction
+
     def _prepare(self, db: Any, plan: Plan) -> tuple:
         """The commit's chain and every statement with its parameters, built before the lock."""
         d = SqliteDialect(db)

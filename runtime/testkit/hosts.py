@@ -10,7 +10,8 @@ executes the command in place), so a test ends them by it.
 
 Faults, each a named helper: ``partition(host)`` / ``heal(host)`` (the host's link down and up:
 its packets to the database are dropped, TCP connections stall, nothing is reset), ``pause`` /
-``resume`` (SIGSTOP / SIGCONT a process), ``kill`` (SIGKILL), ``PgServer.restart()``.
+``resume`` (SIGSTOP / SIGCONT a process), ``pause_host`` / ``resume_host`` (every process on a
+host), ``kill`` (SIGKILL), ``PgServer.restart()``, and a slow link (``DelayProxy``).
 
 Needs root (network namespaces, and running the server as the ``postgres`` user) and the
 PostgreSQL server binaries (``initdb``, ``pg_ctl``; found under ``/usr/lib/postgresql/*/bin`` or
@@ -24,6 +25,7 @@ import contextlib
 import glob
 import os
 import pwd
+import random
 import shutil
 import signal
 import subprocess
@@ -183,6 +185,26 @@ class Cluster:
     def resume(proc: subprocess.Popen) -> None:
         os.kill(proc.pid, signal.SIGCONT)
 
+    def host_pids(self, host: str) -> list[int]:
+        """The pids of every process inside ``host``."""
+        done = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True,
+                              timeout=30, check=True)
+        return [int(pid) for pid in done.stdout.split()]
+
+    def pause_host(self, host: str) -> list[int]:
+        """Stop every process on ``host`` at once, as a hypervisor pausing the VM would; the
+        pids stopped (``resume_host`` continues them)."""
+        pids = self.host_pids(host)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def resume_host(self, host: str) -> None:
+        for pid in self.host_pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
         os.kill(proc.pid, signal.SIGKILL)
@@ -205,12 +227,16 @@ class Cluster:
 
 class DelayProxy:
     """A slow link: a TCP relay on ``listen`` to ``target`` that holds every chunk ``delay``
-    seconds (each way, order kept) before passing it on. A worker given the relay's address
-    sees the database ``2 x delay`` further away (``tc netem`` needs a kernel module that
-    machines do not always have; this needs nothing)."""
+    seconds plus up to ``jitter`` more (each way, order kept) before passing it on. A worker
+    given the relay's address sees the database ``2 x delay`` further away (``tc netem`` needs
+    a kernel module that machines do not always have; this needs nothing). ``delay`` and
+    ``jitter`` may be changed while it runs (``slow`` / ``fast``), for a link that degrades and
+    recovers."""
 
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int], delay: float) -> None:
-        self.listen, self.target, self.delay = listen, target, delay
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int], delay: float = 0.0,
+                 jitter: float = 0.0, seed: int = 0) -> None:
+        self.listen, self.target, self.delay, self.jitter = listen, target, delay, jitter
+        self._rng = random.Random(seed)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="delay-proxy")
@@ -219,6 +245,17 @@ class DelayProxy:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the delay proxy did not start")
+
+    def slow(self, delay: float, jitter: float = 0.0) -> None:
+        self.delay, self.jitter = delay, jitter
+
+    def fast(self) -> None:
+        self.slow(0.0)
+
+    def url(self, database_url: str) -> str:
+        """``database_url`` (a URL of ``target``) redirected through this relay."""
+        host, port = self.target
+        return database_url.replace(f"@{host}:{port}/", f"@{self.listen[0]}:{self.listen[1]}/")
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -263,11 +300,19 @@ class DelayProxy:
             writer.close()
 
         sender = asyncio.ensure_future(deliver())
+        last = 0.0
+
+        def due() -> float:  # never before the chunk ahead of it: a link keeps order
+            nonlocal last
+            extra = self._rng.uniform(0, self.jitter) if self.jitter else 0.0
+            last = max(last, self._loop.time() + self.delay + extra)
+            return last
+
         try:
             while chunk := await reader.read(65536):
-                queue.put_nowait((self._loop.time() + self.delay, chunk))
+                queue.put_nowait((due(), chunk))
         except OSError:
             pass
-        queue.put_nowait((self._loop.time() + self.delay, b""))
+        queue.put_nowait((due(), b""))
         with contextlib.suppress(OSError):
             await sender

@@ -1,9 +1,10 @@
 """The partition soak: the chaos soak with each worker on a host of its own (network namespaces)
 against a PostgreSQL server of its own, and faults between machines: a host cut off the
-database and healed, a worker paused past its lease and resumed, a worker restarted with its
-clock two hours off, a worker SIGKILLed, the database server restarted. A random operator
-decides every approval; the outside world's ledger counts side effects; every invariant of
-design §11 is checked at the end (``runtime.testkit.chaos`` does the rest).
+database and healed, a worker (or its whole host) paused past its lease and resumed, a host's
+link to the database slowed (a delay and jitter below the lease) and restored, a worker
+restarted with its clock two hours off, a worker SIGKILLed, the database server restarted.
+A random operator decides every approval; the outside world's ledger counts side effects;
+every invariant of design §11 is checked at the end (``runtime.testkit.chaos`` does the rest).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..procs import die_with_parent
-from .chaos import Chaos, ChaosConfig
-from .hosts import Cluster, PgServer
+from .chaos import Chaos, ChaosConfig, ChaosReport
+from .hosts import Cluster, DelayProxy, PgServer
 
-FAULTS = ("partition", "pause", "skew", "kill", "db-restart")
+FAULTS = ("partition", "pause", "pause-host", "slow", "skew", "kill", "db-restart")
 
 
 @dataclass
@@ -39,6 +41,22 @@ class PartitionSoak(Chaos):
         self.skews: dict[int, float] = {}
         self.cut: dict[str, float] = {}  # host -> when to heal it
         self.paused: dict[int, tuple[subprocess.Popen, float]] = {}  # slot -> (proc, resume)
+        self.deck: list[str] = []  # the fault kinds still to deal in this round
+        self.stopped: dict[str, float] = {}  # host -> when to resume it
+        self.slowed: dict[str, float] = {}  # host -> when its link is fast again
+        # Each host reaches the database through a relay of its own (no delay until slowed).
+        self.links = {host: DelayProxy((cluster.address, server.port + 1 + i),
+                                       (cluster.address, server.port), seed=config.seed + i)
+                      for i, host in enumerate(cluster.hosts)} if "slow" in config.faults else {}
+
+    def run(self, out: Any = None) -> ChaosReport:
+        for link in self.links.values():
+            link.start()
+        try:
+            return super().run(out)
+        finally:
+            for link in self.links.values():
+                link.stop()
 
     def _host(self, slot: int) -> str:
         return self.cluster.hosts[slot % len(self.cluster.hosts)]
@@ -48,6 +66,9 @@ class PartitionSoak(Chaos):
         skew = self.skews.get(slot, 0.0)
         command = ([sys.executable, str(Path(__file__).with_name("skew.py")), str(skew)]
                    if skew else [sys.executable, str(self.manage)])
+        link = self.links.get(self._host(slot))
+        if link is not None:
+            env = {**env, "DATABASE_URL": link.url(env["DATABASE_URL"])}
         return self.cluster.popen(self._host(slot), [*command, *args], env=env, log=log_path,
                                   cwd=self.manage.parent, preexec_fn=die_with_parent)
 
@@ -57,6 +78,14 @@ class PartitionSoak(Chaos):
             if now >= heal_at:
                 self.cluster.heal(host)
                 del self.cut[host]
+        for host, resume_at in list(self.stopped.items()):
+            if now >= resume_at:
+                self.cluster.resume_host(host)
+                del self.stopped[host]
+        for host, fast_at in list(self.slowed.items()):
+            if now >= fast_at:
+                self.links[host].fast()
+                del self.slowed[host]
         for slot, (proc, resume_at) in list(self.paused.items()):
             if now >= resume_at:
                 if proc.poll() is None:
@@ -69,37 +98,59 @@ class PartitionSoak(Chaos):
         return self.rng.uniform(0.5, 3.0) * self.cfg.lease_seconds
 
     def _fault(self) -> None:
-        kind = self.rng.choice(self.cfg.faults)
+        if not self.deck:  # every kind once, in a seeded order, before any comes again
+            self.deck = self.rng.sample(self.cfg.faults, len(self.cfg.faults))
+        kind = self.deck.pop()
+        if self._inject(kind):
+            self.report.faults[kind] += 1
+        else:  # nothing to inject it on now: it comes round again later
+            self.deck.insert(0, kind)
+
+    def _inject(self, kind: str) -> bool:
+        """Inject one fault of ``kind``; False if there is nothing to inject it on now."""
         live = [(s, p) for s, p in self.procs.items()
                 if p.poll() is None and s not in self.paused]
         if kind == "partition":
             free = [h for h in self.cluster.hosts if h not in self.cut]
             if not free:
-                return
+                return False
             host = self.rng.choice(free)
             self.cluster.partition(host)
             self.cut[host] = time.monotonic() + self._lapse()
         elif kind == "pause":
             if not live:
-                return
+                return False
             slot, proc = self.rng.choice(live)
             self.cluster.pause(proc)
             self.paused[slot] = (proc, time.monotonic() + self._lapse())
+        elif kind in ("pause-host", "slow"):
+            held = self.stopped if kind == "pause-host" else self.slowed
+            free = [h for h in self.cluster.hosts if h not in held]
+            if not free:
+                return False
+            host = self.rng.choice(free)
+            if kind == "pause-host":
+                self.cluster.pause_host(host)
+            else:  # each way 3-8% of a lease and jitter up to half that again: a renewal's
+                # round trips stay well inside the lease, so it must never be taken over
+                delay = self.rng.uniform(0.03, 0.08) * self.cfg.lease_seconds
+                self.links[host].slow(delay, jitter=delay / 2)
+            held[host] = time.monotonic() + self._lapse()
         elif kind == "skew":
             if not live:
-                return
+                return False
             slot, proc = self.rng.choice(live)
             self.skews[slot] = self.rng.choice((-1, 1)) * self.cfg.skew_seconds
             self.cluster.kill(proc)  # the supervisor restarts it with the skewed clock
         elif kind == "kill":
             if not live:
-                return
+                return False
             self._kill_one()
         elif kind == "db-restart":
             self.server.restart()
         else:
             raise ValueError(f"unknown fault {kind!r}")
-        self.report.faults[kind] += 1
+        return True
 
     def _calm(self) -> None:
         for host in list(self.cut):
@@ -109,3 +160,9 @@ class PartitionSoak(Chaos):
             if proc.poll() is None:
                 self.cluster.resume(proc)
         self.paused.clear()
+        for host in list(self.stopped):
+            self.cluster.resume_host(host)
+        self.stopped.clear()
+        for host in list(self.slowed):
+            self.links[host].fast()
+        self.slowed.clear()

@@ -41,8 +41,11 @@ ON_TAKEOVER = {P.AFTER_RUN_RESUMED, P.AFTER_STEP_INTERRUPTED}
 
 # What each kind does when its step-2 call started and the process died before the effect (S)
 # and after it (E): (outcome, executions of step 2 counted by the outside world).
+# A reconcile that finds no effect answers Continue; the crashed process (a runagent, not a
+# registered worker) cannot be proved dead, so its call may still land as far as the runtime
+# can tell, and a person decides (recovery.call_may_still_land).
 IF_STARTED = {"read": ("re-ran", 1), "charge": ("waits:interrupted_side_effect", 0),
-              "send": ("re-ran", 1), "reconcile-check": ("re-ran", 1),
+              "send": ("re-ran", 1), "reconcile-check": ("waits:reconcile", 0),
               "reconcile-wait": ("waits:reconcile", 0),
               "reconcile-conflict": ("failed:reconcile_conflict", 0),
               "scheduled-charge": ("waits:interrupted_side_effect", 0)}

@@ -84,16 +84,22 @@ def site(tmp_path: Path, _sqlite_settings: dict[str, Any], django_db_blocker) ->
         server.remove()
 
 
+def _state(pid: int) -> str:
+    """A process's state letter (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _owner(name: str) -> str:
     return WorkerRow.objects.get(name=name).owner
 
 
-@pytest.mark.parametrize("fault", ["partition", "pause"])
+@pytest.mark.parametrize("fault", ["partition", "pause", "pause-host"])
 def test_a_cut_off_worker_is_taken_over_and_afterwards_records_nothing(site, fault):
     """Worker A (host 1) is inside a side-effect call when its host loses the database
-    (``partition``: its link goes down) or its process stops (``pause``: SIGSTOP, as a VM
-    paused for longer than its lease). Its lease lapses by the database's clock; worker B
-    (host 2) takes the run over and, the call's outcome being unknown, asks a person. When A
+    (``partition``: its link goes down) or its process stops (``pause``: SIGSTOP) or every
+    process on its host does (``pause-host``, as a VM paused for longer than its lease). Its
+    lease lapses by the database's clock; worker B (host 2) takes the run over and, the call's
+    outcome being unknown, asks a person. When A
     comes back and its call returns, A records nothing (its commit is fenced off by the new
     epoch) and starts no further call; the outside world's ledger counts the one call A made,
     then the one an approval allowed."""
@@ -108,8 +114,11 @@ def test_a_cut_off_worker_is_taken_over_and_afterwards_records_nothing(site, fau
     if fault == "partition":
         site.cluster.partition(a_host)
         assert not site.cluster.reachable(a_host, site.server.port, timeout=1)
-    else:
+    elif fault == "pause":
         site.cluster.pause(a)
+    else:
+        assert a.pid in site.cluster.pause_host(a_host)
+        wait_for(lambda: _state(a.pid) == "T", "worker A stopped", timeout=10)
     kit.wait_for_expiry([run_id])
     b = site.worker(b_host, "b")
     wait_for(lambda: Approval.objects.filter(run_id=run_id,
@@ -119,8 +128,10 @@ def test_a_cut_off_worker_is_taken_over_and_afterwards_records_nothing(site, fau
     assert taken.payload["previous_owner"] == owner_a and taken.actor != owner_a
     if fault == "partition":
         site.cluster.heal(a_host)
-    else:
+    elif fault == "pause":
         site.cluster.resume(a)
+    else:
+        site.cluster.resume_host(a_host)
     (site.workdir / f"release-{run_id}").touch()
     wait_for(lambda: re.search(rf"run={run_id} owner={re.escape(owner_a)} stopped",
                                a.log.read_text()) is not None,
@@ -181,19 +192,19 @@ def test_a_clock_two_hours_off_neither_takes_a_live_lease_nor_loses_its_own(site
 
 
 def test_a_worker_on_a_slow_link_keeps_its_runs(site):
-    """Worker A reaches the database through a link that holds every packet 100 ms each way
-    (well below the two-second lease); the other workers are close by. A call held open for
+    """Worker A reaches the database through a link that holds every packet 100-150 ms each
+    way (well below the two-second lease); the other workers are close by. A call held open for
     three lease periods is never taken over and the run finishes."""
     from runtime.testkit.hosts import DelayProxy
 
     port = site.server.port + 1
     proxy = DelayProxy((site.cluster.address, port), (site.cluster.address, site.server.port),
-                       delay=0.1)
+                       delay=0.1, jitter=0.05)
     proxy.start()
     try:
         kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
                          lease_seconds=LEASE, env=site.env)
-        slow = site.url.replace(f":{site.server.port}/", f":{port}/")
+        slow = proxy.url(site.url)
         a = site.worker(site.cluster.hosts[0], "a", url=slow)
         _run_id, others = _held_run_survives(
             site, kit, a, lambda: [site.worker(site.cluster.hosts[i], f"o{i}") for i in (1, 2)],
@@ -302,3 +313,53 @@ def test_a_transaction_orphaned_by_a_partition_releases_its_locks(site):
     site.cluster.heal(host)
     for proc in (locker, b):
         site.cluster.kill(proc)
+
+
+def test_a_slow_link_delays_each_way_keeps_order_and_can_change_while_it_runs():
+    """DelayProxy against an echo server on this machine: a reply takes at least the two
+    delays, bytes arrive in the order sent whatever the jitter, and ``slow()`` / ``fast()``
+    change the delay for what is sent after them."""
+    import asyncio
+    import socket
+    import threading
+
+    from runtime.testkit.hosts import DelayProxy
+
+    loop = asyncio.new_event_loop()
+
+    async def echo(reader, writer):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = loop.run_until_complete(asyncio.start_server(echo, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    proxy = DelayProxy(("127.0.0.1", port + 1 if port < 65535 else port - 1),
+                       ("127.0.0.1", port), delay=0.2, jitter=0.1, seed=7)
+    proxy.start()
+    try:
+        with socket.create_connection(proxy.listen, timeout=10) as conn:
+            sent = b"".join(bytes([i]) * 100 for i in range(40))
+            began = time.monotonic()
+            for i in range(40):  # forty writes, each with its own jitter
+                conn.sendall(sent[i * 100:(i + 1) * 100])
+            got = b""
+            while len(got) < len(sent):
+                got += conn.recv(65536)
+            assert time.monotonic() - began >= 0.4  # two delays at least
+            assert got == sent
+            for change, check in ((lambda: proxy.slow(1.0), lambda took: took >= 2.0),
+                                  (proxy.fast, lambda took: took < 2.0)):
+                change()
+                began = time.monotonic()
+                conn.sendall(b"x")
+                assert conn.recv(10) == b"x"
+                assert check(time.monotonic() - began)
+    finally:
+        proxy.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        server.close()

@@ -268,6 +268,60 @@ def test_reconcile_view_says_whether_the_call_was_dispatched(edb, tmp_path, cloc
     assert verify(run.pk).ok
 
 
+def test_a_continue_while_the_old_call_may_still_land_asks_a_person(edb, tmp_path, clock, crash):
+    """The worker inside the charge lost its lease without being proved dead (cut off or
+    paused: its call may still be under way). The reconcile finds nothing yet and answers
+    Continue; the runtime does not re-run the charge on that word but asks a person, saying
+    why, and an approval then allows exactly one more attempt."""
+    ledger, views = Ledger(tmp_path / "ledger"), []
+
+    def reconcile(view):
+        views.append(view)
+        return Continue()
+
+    agent = make_agent("recz", [ToolCall("charge", {"amount": 5}), FinalAnswer("done")], ledger,
+                       reconcile=reconcile)
+    with registry.override(agent):
+        run = start("recz", {}, clock=clock)
+        run = crash_then_take_over(run.pk, clock, crash, CrashPoint.AFTER_TOOL_STARTED, 1,
+                                   proved_dead=False)
+        (view,) = views
+        assert "worker-a lost the run without being proved dead" in view.may_still_land
+        assert run.status == "waiting" and step(run, 1).status == "interrupted"
+        assert ledger.count("charge") == 0  # nothing re-ran on the reconcile's word
+        (decided,) = events(run, "reconcile.decided")
+        assert decided.payload["outcome"] == "continue" and "worker-a" in decided.payload["held"]
+        assert kinds_after(run, "reconcile.decided") == [
+            "approval.requested", "run.paused", "lease.released"]
+        (approval,) = Approval.objects.filter(run_id=run.pk)
+        assert approval.kind == "reconcile" and approval.status == "pending"
+        assert "may still be under way" in approval.detail
+        approve(approval.pk, by="alice")
+        run = resume(run.pk, owner="worker-c", clock=clock, lease_seconds=1)
+    assert run.status == "succeeded"
+    assert [c["attempt"] for c in ledger.calls("charge")] == [2]
+    assert events(run, "step.tool_started")[-1].payload["attempt"] == 2
+    assert verify(run.pk).ok
+
+
+def test_a_takeover_of_a_proved_dead_owner_says_so_on_the_interruption(edb, tmp_path, clock,
+                                                                     crash):
+    """Proof of death is asked for even after the lease expired, and recorded on the step's
+    interruption: it is what lets a reconcile's Continue re-run at once."""
+    ledger = Ledger(tmp_path / "ledger")
+    agent = make_agent("recd", [ToolCall("charge", {"amount": 5}), FinalAnswer("done")], ledger)
+    with registry.override(agent):
+        for proved in (True, False):
+            run = start("recd", {}, clock=clock)
+            run = crash_then_take_over(run.pk, clock, crash, CrashPoint.AFTER_TOOL_STARTED, 1,
+                                       proved_dead=proved)
+            (interrupted,) = events(run, "step.interrupted")
+            assert interrupted.payload["previous_owner_dead"] is proved
+            (taken,) = events(run, "lease.taken_over")
+            assert taken.payload["reason"] == ("owner proved dead" if proved else "lease expired")
+            assert run.status == "waiting"  # no reconcile: a person decides either way
+
+
 @pytest.mark.parametrize("point", [CrashPoint.AFTER_TOOL_EFFECT, CrashPoint.AFTER_TOOL_STARTED],
                          ids=["went_out", "never_went_out"])
 def test_interrupted_step_is_reconciled_and_continued(edb, tmp_path, clock, crash, point):

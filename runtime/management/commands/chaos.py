@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import shutil
 import tempfile
@@ -34,6 +35,16 @@ def _point_default_at(config: dict[str, Any]) -> None:
     conf.clear()
     conf.update(config)
     connections.configure_settings({DEFAULT_DB_ALIAS: conf})
+
+
+def _dump_events(path: Path) -> None:
+    """Every event of the soak, one JSON object a line, in run and sequence order."""
+    from runtime.models import Event
+
+    with open(path, "w") as out:
+        for event in Event.objects.order_by("run_id", "seq").values(
+                "run_id", "seq", "step_index", "kind", "actor", "at", "payload").iterator():
+            out.write(json.dumps(event, default=str) + "\n")
 
 
 class Command(BaseCommand):
@@ -159,6 +170,8 @@ class Command(BaseCommand):
                                    workdir=workdir,
                                    manage=Path(settings.BASE_DIR) / "manage.py").run(
                                        out=self.stdout)
+            if keep:  # the database goes with its server: keep the evidence beside the logs
+                _dump_events(workdir / "events.jsonl")
         finally:
             _point_default_at(original)
             cluster.down()
