@@ -14,18 +14,19 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q
+from django.db.models.query import RawQuerySet
 
 from . import crashpoints
 from .audit import log_events
 from .clock import SYSTEM_CLOCK
 from .crashpoints import CrashPoint
 from .engines import Refused, engine
+from .engines.sql import claim_candidates
 from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
 from .models import IN_FLIGHT_STEP_STATUSES, Run, RunStatus, Step
 from .plan import Fence, Plan, TakeLease, interrupt_step
 from .protocol import protocol_check
-from .store import Lease, lease_commit, lease_expired, lease_plan, now_expression
+from .store import Lease, lease_commit, lease_expired, lease_plan
 
 
 @dataclass
@@ -118,13 +119,14 @@ def run_claim_many(
     """
     protocol_check()
     eng = engine()
-    looking = runnable(clock, agents=agents, dead_owners=dead_owners, exclude=exclude)
     out: list[Acquired] = []
     if eng.locks_rows:
         with eng.transaction():
-            for runs in looking:
-                locked = _with_expiry(runs.select_for_update(skip_locked=True), clock)
-                for run in locked[:n - len(out)] if len(out) < n else ():
+            for gone in (True, False):
+                if len(out) >= n:
+                    break
+                for run in _candidates(clock, gone, n - len(out), agents, dead_owners, exclude,
+                                       lock=True):
                     try:
                         out.append(_take(run, owner, lease_seconds, clock,
                                          reason=_why(run, dead_owners), locked=True))
@@ -132,13 +134,13 @@ def run_claim_many(
                         if on_conflict is not None:  # stepped back): nothing of it written
                             on_conflict()
         return out
-    for runs in (_with_expiry(looking[0], clock), looking[1]):  # a queued run has no lease
+    for gone in (True, False):
         lost: list[int] = []
         for _ in range(CANDIDATES):
             want = n - len(out)
             if want <= 0:
                 return out
-            candidates = list((runs.exclude(pk__in=lost) if lost else runs)[:want])
+            candidates = _candidates(clock, gone, want, agents, dead_owners, [*exclude, *lost])
             if not candidates:
                 break
             taken = _take_many(candidates, owner, lease_seconds, clock, dead_owners)
@@ -178,22 +180,26 @@ def _lost_race(run_id: int, clock: Any) -> Exception:
 
 
 def runnable(clock: Any = SYSTEM_CLOCK, *, agents: Sequence[str] = (),
-             dead_owners: Sequence[str] = (), exclude: Sequence[int] = ()) -> list[Any]:
+             dead_owners: Sequence[str] = (), exclude: Sequence[int] = (),
+             limit: int = 1) -> list[RawQuerySet]:
     """Where a worker looks for a run to claim, in order: runs whose lease expired or whose
     owner is proved dead (their steps wait), then queued runs, oldest first. Two queries, each
     read along its (status, ...) index whatever the number of finished runs."""
-    gone = Q(lease_expires_at__lte=now_expression(clock))
-    if dead_owners:
-        gone |= Q(lease_owner__in=list(dead_owners))
-    found = []
-    for runs in (Run.objects.filter(gone, status=RunStatus.RUNNING),
-                 Run.objects.filter(status=RunStatus.QUEUED)):
-        if agents:
-            runs = runs.filter(agent__in=list(agents))
-        if exclude:
-            runs = runs.exclude(pk__in=list(exclude))
-        found.append(runs.order_by("pk"))
-    return found
+    d, now = engine().dialect(clock), clock.now()
+    stmts = [claim_candidates(d, now, gone=gone, limit=limit, agents=agents,
+                              dead_owners=dead_owners, exclude=exclude) for gone in (True, False)]
+    return [Run.objects.raw(s.sql, s.params) for s in stmts]
+
+
+def _candidates(clock: Any, gone: bool, limit: int, agents: Sequence[str],
+                dead_owners: Sequence[str], exclude: Sequence[int],
+                lock: bool = False) -> list[Run]:
+    """Up to ``limit`` runs of one of ``runnable``'s two kinds; ``lock``: locked, skipping
+    those another worker holds (PostgreSQL). One statement built per call, no ORM query
+    compiled: a busy worker claims many times a second."""
+    stmt = claim_candidates(engine().dialect(clock), clock.now(), gone=gone, limit=limit,
+                            agents=agents, dead_owners=dead_owners, exclude=exclude, lock=lock)
+    return list(Run.objects.raw(stmt.sql, stmt.params))
 
 
 def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Model
+from django.db.models.query import RawQuerySet
 
 from runtime.approvals import pending
 from runtime.claims import runnable
@@ -131,9 +132,9 @@ def _queries() -> dict[str, Callable[[], Any]]:
     """The queries measured: what the worker and the console run, through the same code (a
     claim tries its two queries in turn, ``runtime.claims.runnable``)."""
     return {
-        "claim: expired leases": lambda: runnable()[0][:1],
-        "claim: queued, oldest first": lambda: runnable()[1][:1],
-        "claim: queued, --agents": lambda: runnable(agents=["bench_read"])[1][:1],
+        "claim: expired leases": lambda: runnable()[0],
+        "claim: queued, oldest first": lambda: runnable()[1],
+        "claim: queued, --agents": lambda: runnable(agents=["bench_read"])[1],
         "queue: pending approvals": lambda: pending()[:50],
         "runs list: status, -id": lambda: Run.objects.filter(status="failed")
         .order_by("-id")[:50],
@@ -153,6 +154,10 @@ def _timed(fn: Callable[[], Any], reps: int) -> dict[str, float]:
 
 def _plan(qs: Any) -> str:
     """EXPLAIN QUERY PLAN, one line per step, SQLite's own words."""
+    if isinstance(qs, RawQuerySet):  # the claim's own statement
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN QUERY PLAN {qs.raw_query}", qs.params)
+            return " / ".join(row[-1] for row in cursor.fetchall())
     return " / ".join(line.split(" ", 3)[-1] if line[:1].isdigit() else line
                       for line in qs.explain().splitlines())
 

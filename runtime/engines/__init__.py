@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from ..audit import EventRow
 from ..plan import Plan
-from .sql import NOW, NowPlus
+from .sql import NOW, Dialect, NowPlus
 
 
 class Refused(Exception):
@@ -59,6 +59,9 @@ class Engine(Protocol):
         """Renew in one statement; (run id, epoch, owner) -> new expiry of those renewed."""
 
     def now_expression(self, clock: Any) -> Any: ...
+
+    def dialect(self, clock: Any) -> Dialect:
+        """How this engine writes statements judged by ``clock`` (``runtime.engines.sql``)."""
 
     def notify_ready(self) -> None: ...
 

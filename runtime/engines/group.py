@@ -87,18 +87,26 @@ class GroupCommitter:
     def commit(self, ticket: Ticket, transaction: Callable[[], Any]) -> Any:
         """Write ``ticket``'s plan in a group (``transaction()`` opens the write transaction
         on the calling thread's connection); its result, or the error it met."""
+        self.commit_all([ticket], transaction)
+        return ticket.outcome()
+
+    def commit_all(self, tickets: Sequence[Ticket], transaction: Callable[[], Any]) -> None:
+        """Write every ticket's plan, in the group being formed (a worker's claims ride with
+        its runs' commits); returns once each has its outcome."""
         with self._lock:
             lead = not self._leading
             if lead:
                 self._leading = True
+                self._queue[:0] = tickets[1:]  # in the group this thread leads
             else:
-                self._queue.append(ticket)
-        if not lead:
-            ticket.woken.wait()
-            if ticket.done:
-                return ticket.outcome()
-        self._lead(ticket, transaction)
-        return ticket.outcome()
+                self._queue.extend(tickets)
+        if lead:
+            self._lead(tickets[0], transaction)
+        for t in tickets:
+            if not t.done:
+                t.woken.wait()
+            if not t.done:  # handed the lead: the queue it heads is the next group
+                self._lead(t, transaction)
 
     def _lead(self, ticket: Ticket, transaction: Callable[[], Any]) -> None:
         with self._lock:

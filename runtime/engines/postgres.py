@@ -154,6 +154,9 @@ class PostgresEngine:
             return Func(function="clock_timestamp", output_field=DateTimeField())
         return Value(clock.now(), DateTimeField())
 
+    def dialect(self, clock: Any) -> PostgresDialect:
+        return PostgresDialect(database_time(clock))
+
     def notify_ready(self) -> None:
         """Wake idle workers (``LISTEN runtime_ready``): called after the commit that made a
         run ready, so a woken worker finds it."""

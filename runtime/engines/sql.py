@@ -17,7 +17,7 @@ from typing import Any
 from django.db.models import DateTimeField, DecimalField, JSONField
 
 from ..audit import EventRow
-from ..models import Run, Step
+from ..models import Run, RunStatus, Step
 from ..plan import Add, Fence, Plan, TakeLease
 
 
@@ -168,6 +168,39 @@ def _run_update_sql(d: Dialect, shape: list[tuple[str, str]], take: bool, f: Fen
     if f.expired:
         where.append(f'"lease_expires_at" <= {d.now()}')
     return f'UPDATE "runtime_run" SET {", ".join(sets)} WHERE {" AND ".join(where)}'
+
+
+RUN_SELECT = ", ".join(f'"{f.column}"' for f in Run._meta.concrete_fields)
+
+
+def claim_candidates(d: Dialect, now: datetime, *, gone: bool, limit: int,
+                     agents: Sequence[str] = (), dead_owners: Sequence[str] = (),
+                     exclude: Sequence[int] = (), lock: bool = False) -> Statement:
+    """Where a claim looks, oldest first: runs whose lease is gone (expired, or its owner
+    proved dead; their steps wait) if ``gone``, else queued runs. Each run comes with
+    ``expired``: whether its lease is gone by the statement's time. Read along the run
+    table's (status, ...) indexes whatever the number of finished runs; ``lock`` (PostgreSQL)
+    takes the rows, skipping those another worker holds."""
+    at = [] if d.db_clock else [d.time(now)]
+    params: list[Any] = [*at, RunStatus.RUNNING if gone else RunStatus.QUEUED]
+    where = '"status" = %s'
+    if gone:
+        where += f' AND ("lease_expires_at" <= {d.now()}'
+        params += at
+        if dead_owners:
+            where += f' OR "lease_owner" IN ({", ".join(["%s"] * len(dead_owners))})'
+            params += list(dead_owners)
+        where += ")"
+    if agents:
+        where += f' AND "agent" IN ({", ".join(["%s"] * len(agents))})'
+        params += list(agents)
+    if exclude:
+        where += f' AND "id" NOT IN ({", ".join(["%s"] * len(exclude))})'
+        params += list(exclude)
+    sql = (f'SELECT {RUN_SELECT}, ("lease_expires_at" IS NULL OR "lease_expires_at" <= '
+           f'{d.now()}) AS "expired" FROM "runtime_run" WHERE {where} ORDER BY "id" '
+           f'LIMIT {int(limit)}{" FOR UPDATE SKIP LOCKED" if lock else ""}')
+    return Statement(sql, params)
 
 
 def step_insert_params(d: Dialect, step: Step) -> list[Any]:

@@ -21,7 +21,7 @@ from ..backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
 from ..crashpoints import CrashPoint
 from ..plan import Plan
 from . import Committed, Refused, commit_each, fill, write_approvals_in_tx
-from .group import Ticket, group_committer, write_group
+from .group import Ticket, group_committer
 from .sql import (
     EVENT_COLUMNS,
     STEP_COLUMNS,
@@ -149,17 +149,16 @@ class SqliteEngine:
             return self._apply(db, plan, clock, prepared)
 
     def commit_many(self, plans: list[Plan], clock: Any) -> list[Committed | BaseException]:
-        """Every plan in one transaction (a savepoint each, one sync), whatever waits in the
-        group queue; each plan's result or error (``Refused`` where its fence no longer
-        holds)."""
+        """Every plan in the group being formed (a savepoint each when one fails, one sync),
+        with whatever the process's runs commit meanwhile; each plan's result or error
+        (``Refused`` where its fence no longer holds)."""
         db = connections[DEFAULT_DB_ALIAS]
-        if not groups(db):  # inside the caller's transaction: one after the other
-            return commit_each(self, plans, clock)
-        tickets = []
-        for plan in plans:
-            prepared = self._prepare(db, plan)
-            tickets.append(Ticket(plan, partial(self._apply_here, plan, clock, prepared)))
-        write_group(tickets, _group_transaction)
+        if not groups(db) or any(p.approval_create or p.approval_moves for p in plans):
+            return commit_each(self, plans, clock)  # inside the caller's transaction
+        tickets = [Ticket(plan, partial(self._apply_here, plan, clock, self._prepare(db, plan)))
+                   for plan in plans]
+        group_committer(os.path.abspath(db.settings_dict["NAME"])).commit_all(
+            tickets, _group_transaction)
         return [t.error if t.error is not None else t.value for t in tickets]
 
     def _apply_here(self, plan: Plan, clock: Any, prepared: tuple, tx: _GroupTx) -> Committed:
@@ -234,6 +233,9 @@ class SqliteEngine:
 
     def now_expression(self, clock: Any) -> Any:
         return Value(clock.now(), DateTimeField())
+
+    def dialect(self, clock: Any) -> SqliteDialect:
+        return SqliteDialect(connections[DEFAULT_DB_ALIAS])
 
     def notify_ready(self) -> None:
         """Idle workers see other connections' commits in ``PRAGMA data_version``."""

@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, OperationalError
 
-from runtime.claims import run_acquire
+from runtime.claims import run_acquire, run_claim_many
 from runtime.clock import SYSTEM_CLOCK
 from runtime.crashpoints import CrashPoint
 from runtime.engines import sqlite as sqlite_engine
@@ -106,6 +106,27 @@ def test_plans_arriving_while_a_group_is_written_are_written_together_next(rdb):
         run = Run.objects.get(pk=lease.run_id)
         assert (run.event_seq, run.event_hash) == lease.position  # each its own chain head
         assert Event.objects.filter(run_id=lease.run_id, kind="llm.failed").count() == 1
+
+
+def test_a_workers_claims_ride_in_the_group_with_its_runs_commits(rdb):
+    """A batch claim joins the group being formed instead of taking the write lock (and a
+    sync) of its own: the claims and a run's commit queued meanwhile are one group."""
+    first, other = leases(2)
+    queued = [run_create("grouped", {"i": i}, created_by="test", now=SYSTEM_CLOCK.now()).pk
+              for i in range(3)]
+    holder = Holder(first)
+    before = committer().stats.groups
+    step = commit_in_background(other, noted(other, "a run's commit"))
+    claim = Background(lambda: run_claim_many("owner-b", 3, lease_seconds=60))
+    holder.queue_then_release(1 + 3)
+    for job in (step, claim):
+        job.thread.join(10)
+        assert job.error is None
+    assert committer().stats.groups == before + 2  # the holder's, then all four plans
+    assert sorted(a.run.pk for a in claim.result) == queued
+    for pk in queued:
+        run = Run.objects.get(pk=pk)
+        assert (run.status, run.lease_owner) == ("running", "owner-b")
 
 
 def group_one_failing_among_kept(first: Lease, start_failing: Any,

@@ -344,3 +344,28 @@ def test_the_leases_of_256_runs_in_flight_are_renewed_by_one_statement(edb, cloc
     assert counted.statements == 1
     assert all(lease.expires_at == clock.now() + timedelta(seconds=2) for lease in leases)
     assert Run.objects.filter(lease_expires_at=clock.now() + timedelta(seconds=2)).count() == 256
+
+
+def test_a_claim_looks_at_gone_leases_first_then_queued_runs_of_its_agents_not_excluded(
+        edb, clock):
+    def claimed(pk: int, owner: str, seconds: float) -> int:
+        run_acquire(pk, owner, lease_seconds=seconds, clock=clock)
+        return pk
+
+    mk = lambda agent: run_create(agent, {}, now=clock.now()).pk  # noqa: E731
+    live = claimed(mk("a"), "alive", 60)
+    ghost = claimed(mk("a"), "ghost", 60)  # live lease, owner proved dead
+    lapsed = claimed(mk("a"), "gone", 1)
+    other_agent = mk("b")
+    excluded, queued = mk("a"), mk("a")
+    clock.advance(2)
+    got = run_claim_many("me", 10, lease_seconds=30, clock=clock, agents=["a"],
+                         dead_owners=["ghost"], exclude=[excluded])
+    assert [a.run.pk for a in got] == [ghost, lapsed, queued]
+    assert [a.taken_over for a in got] == [True, True, False]
+    reasons = dict(Event.objects.filter(kind="lease.taken_over", run_id__in=[ghost, lapsed])
+                   .values_list("run_id", "payload__reason"))
+    assert reasons == {ghost: "owner proved dead", lapsed: "lease expired"}
+    assert Run.objects.get(pk=live).lease_owner == "alive"
+    assert Run.objects.get(pk=other_agent).status == "queued"
+    assert Run.objects.get(pk=excluded).status == "queued"
