@@ -185,21 +185,24 @@ def runnable(clock: Any = SYSTEM_CLOCK, *, agents: Sequence[str] = (),
     """Where a worker looks for a run to claim, in order: runs whose lease expired or whose
     owner is proved dead (their steps wait), then queued runs, oldest first. Two queries, each
     read along its (status, ...) index whatever the number of finished runs."""
-    d, now = engine().dialect(clock), clock.now()
-    stmts = [claim_candidates(d, now, gone=gone, limit=limit, agents=agents,
-                              dead_owners=dead_owners, exclude=exclude) for gone in (True, False)]
-    return [Run.objects.raw(s.sql, s.params) for s in stmts]
+    return [_looking(clock, gone, limit, agents, dead_owners, exclude) for gone in (True, False)]
+
+
+def _looking(clock: Any, gone: bool, limit: int, agents: Sequence[str],
+             dead_owners: Sequence[str], exclude: Sequence[int],
+             lock: bool = False) -> RawQuerySet:
+    """One of ``runnable``'s two queries, up to ``limit`` runs; ``lock``: locked, skipping
+    those another worker holds (PostgreSQL). One statement built per call, no ORM query
+    compiled: a busy worker claims many times a second."""
+    stmt = claim_candidates(engine().dialect(clock), clock.now(), gone=gone, limit=limit,
+                            agents=agents, dead_owners=dead_owners, exclude=exclude, lock=lock)
+    return Run.objects.raw(stmt.sql, stmt.params)
 
 
 def _candidates(clock: Any, gone: bool, limit: int, agents: Sequence[str],
                 dead_owners: Sequence[str], exclude: Sequence[int],
                 lock: bool = False) -> list[Run]:
-    """Up to ``limit`` runs of one of ``runnable``'s two kinds; ``lock``: locked, skipping
-    those another worker holds (PostgreSQL). One statement built per call, no ORM query
-    compiled: a busy worker claims many times a second."""
-    stmt = claim_candidates(engine().dialect(clock), clock.now(), gone=gone, limit=limit,
-                            agents=agents, dead_owners=dead_owners, exclude=exclude, lock=lock)
-    return list(Run.objects.raw(stmt.sql, stmt.params))
+    return list(_looking(clock, gone, limit, agents, dead_owners, exclude, lock))
 
 
 def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,
