@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connection
 from django.db.models.query import RawQuerySet
 
 from . import crashpoints
@@ -21,7 +22,7 @@ from .audit import log_events
 from .clock import SYSTEM_CLOCK
 from .crashpoints import CrashPoint
 from .engines import Refused, engine
-from .engines.sql import claim_candidates
+from .engines.sql import Statement, claim_candidates
 from .errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
 from .models import IN_FLIGHT_STEP_STATUSES, Run, RunStatus, Step
 from .plan import Fence, Plan, TakeLease, interrupt_step
@@ -185,24 +186,64 @@ def runnable(clock: Any = SYSTEM_CLOCK, *, agents: Sequence[str] = (),
     """Where a worker looks for a run to claim, in order: runs whose lease expired or whose
     owner is proved dead (their steps wait), then queued runs, oldest first. Two queries, each
     read along its (status, ...) index whatever the number of finished runs."""
-    return [_looking(clock, gone, limit, agents, dead_owners, exclude) for gone in (True, False)]
+    return [Run.objects.raw(stmt.sql, stmt.params) for stmt in (
+        _looking(clock, gone, limit, agents, dead_owners, exclude) for gone in (True, False))]
 
 
 def _looking(clock: Any, gone: bool, limit: int, agents: Sequence[str],
              dead_owners: Sequence[str], exclude: Sequence[int],
-             lock: bool = False) -> RawQuerySet:
+             lock: bool = False) -> Statement:
     """One of ``runnable``'s two queries, up to ``limit`` runs; ``lock``: locked, skipping
     those another worker holds (PostgreSQL). One statement built per call, no ORM query
     compiled: a busy worker claims many times a second."""
-    stmt = claim_candidates(engine().dialect(clock), clock.now(), gone=gone, limit=limit,
+    return claim_candidates(engine().dialect(clock), clock.now(), gone=gone, limit=limit,
                             agents=agents, dead_owners=dead_owners, exclude=exclude, lock=lock)
-    return Run.objects.raw(stmt.sql, stmt.params)
 
 
 def _candidates(clock: Any, gone: bool, limit: int, agents: Sequence[str],
                 dead_owners: Sequence[str], exclude: Sequence[int],
                 lock: bool = False) -> list[Run]:
-    return list(_looking(clock, gone, limit, agents, dead_owners, exclude, lock))
+    """``_looking``'s runs, read with a plain cursor: a raw queryset works out its columns,
+    their converters and its model's field order on every call, more than the query itself
+    costs, and a worker claims once or more per finished run."""
+    stmt = _looking(clock, gone, limit, agents, dead_owners, exclude, lock)
+    with connection.cursor() as cursor:
+        cursor.execute(stmt.sql, stmt.params)
+        rows = cursor.fetchall()
+    return [_run_from_row(row) for row in rows]
+
+
+_RUN_FIELDS = Run._meta.concrete_fields  # the order of RUN_SELECT's columns
+_RUN_NAMES = [f.attname for f in _RUN_FIELDS]
+_converters: dict[tuple[str, str], list[tuple[int, Any, list[Any]]]] = {}
+
+
+def _run_converters() -> list[tuple[int, Any, list[Any]]]:
+    """(column position, column, the backend's and the field's converters) for each column
+    of a run that needs converting, as the ORM would apply them; worked out once per
+    database."""
+    key = (connection.alias, connection.vendor)
+    found = _converters.get(key)
+    if found is None:
+        found = []
+        for i, f in enumerate(_RUN_FIELDS):
+            col = f.get_col(Run._meta.db_table)
+            convs = connection.ops.get_db_converters(col) + f.get_db_converters(connection)
+            if convs:
+                found.append((i, col, convs))
+        _converters[key] = found
+    return found
+
+
+def _run_from_row(row: Sequence[Any]) -> Run:
+    """A run from a row of RUN_SELECT's columns followed by ``expired``."""
+    values = list(row[:len(_RUN_NAMES)])
+    for i, col, convs in _run_converters():
+        for convert in convs:
+            values[i] = convert(values[i], col, connection)
+    run = Run.from_db(connection.alias, _RUN_NAMES, values)
+    run.expired = bool(row[len(_RUN_NAMES)])
+    return run
 
 
 def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,

@@ -369,3 +369,26 @@ def test_a_claim_looks_at_gone_leases_first_then_queued_runs_of_its_agents_not_e
     assert Run.objects.get(pk=live).lease_owner == "alive"
     assert Run.objects.get(pk=other_agent).status == "queued"
     assert Run.objects.get(pk=excluded).status == "queued"
+
+
+def test_a_claimed_run_is_read_as_the_orm_reads_it_every_field_and_type(edb, clock):
+    """Claims read runs with a plain cursor and the ORM's converters: times, JSON, decimals
+    and the lease's expiry come back as the ORM gives them (what the loop then works with)."""
+    run = run_create("a", {"text": "é", "n": [1, 2.5, None]}, now=clock.now())
+    Run.objects.filter(pk=run.pk).update(planned=[{"tool": "t", "arguments": {"x": 1}}],
+                                         cost="1.250000", tokens_in=7)
+    run_acquire(run.pk, "gone", lease_seconds=1, clock=clock)
+    clock.advance(2)
+    before = Run.objects.get(pk=run.pk)
+    [got] = run_claim_many("me", 1, lease_seconds=30, clock=clock)
+    assert got.taken_over and got.run.pk == run.pk
+    claimed = got.run
+    for f in Run._meta.concrete_fields:
+        if f.attname in ("status", "lease_owner", "lease_epoch", "lease_expires_at",
+                         "event_seq", "event_hash"):
+            continue  # moved by the claim itself
+        want, have = getattr(before, f.attname), getattr(claimed, f.attname)
+        assert (have, type(have)) == (want, type(want)), f.attname
+    assert claimed.created_at.tzinfo is not None
+    assert claimed._state.adding is False and claimed._state.db == before._state.db
+    assert (claimed.lease_owner, claimed.lease_epoch) == ("me", before.lease_epoch + 1)
