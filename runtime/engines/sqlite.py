@@ -5,7 +5,6 @@ are waiting (``runtime.engines.group``)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -18,6 +17,7 @@ from django.db.models import DateTimeField, Value
 from .. import crashpoints
 from ..audit import build_events
 from ..backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
+from ..backends.sqlite3.base import absolute
 from ..crashpoints import CrashPoint
 from ..plan import Plan
 from . import Committed, Refused, commit_each, fill, write_approvals_in_tx
@@ -142,7 +142,7 @@ class SqliteEngine:
         prepared = None if plan.approval_create else self._prepare(db, plan)
         lean = plan.approval_create is None and not plan.approval_moves
         if lean and groups(db):  # applied on the leader's thread, with its connection
-            committer = group_committer(os.path.abspath(db.settings_dict["NAME"]))
+            committer = group_committer(absolute(db.settings_dict["NAME"]))
             return committer.commit(Ticket(plan, partial(self._apply_here, plan, clock,
                                                          prepared)), _group_transaction)
         with write_transaction(lean=lean):
@@ -157,7 +157,7 @@ class SqliteEngine:
             return commit_each(self, plans, clock)  # inside the caller's transaction
         tickets = [Ticket(plan, partial(self._apply_here, plan, clock, self._prepare(db, plan)))
                    for plan in plans]
-        group_committer(os.path.abspath(db.settings_dict["NAME"])).commit_all(
+        group_committer(absolute(db.settings_dict["NAME"])).commit_all(
             tickets, _group_transaction)
         return [t.error if t.error is not None else t.value for t in tickets]
 

@@ -62,6 +62,19 @@ def writer_stats() -> WriterStats:
         return WriterStats(_stats.transactions, _stats.waited, _stats.held, _stats.since)
 
 
+_absolute: dict[str, str] = {}
+
+
+def absolute(name: str) -> str:
+    """``os.path.abspath(name)``, remembered: every write transaction asks for its file's
+    lock file, and a worker's commits for their file's group (the process never changes its
+    directory)."""
+    found = _absolute.get(name)
+    if found is None:
+        found = _absolute[name] = os.path.abspath(name)
+    return found
+
+
 _process_locks: dict[str, threading.Lock] = {}
 
 
@@ -168,7 +181,7 @@ class DatabaseWrapper(SQLiteWrapper):
         flock that queues processes; both or neither, within the connection's timeout."""
         if self.is_in_memory_db() or not self.settings_dict["OPTIONS"].get("writer_queue", True):
             return
-        path = os.path.abspath(f"{self.settings_dict['NAME']}.writer")
+        path = absolute(f"{self.settings_dict['NAME']}.writer")
         if self._writer_fd is None:
             self._writer_fd = files.open_private(path)  # 0600 whatever the umask
         timeout = float(self.settings_dict["OPTIONS"].get("timeout", 5))
@@ -201,7 +214,7 @@ class DatabaseWrapper(SQLiteWrapper):
         """
         fd = self._writer_fd
         request = _FlockRequest(os.dup(fd))
-        _waiter(os.path.abspath(f"{self.settings_dict['NAME']}.writer")).put(request)
+        _waiter(absolute(f"{self.settings_dict['NAME']}.writer")).put(request)
         if not request.got.wait(timeout):
             os.close(fd)
             self._writer_fd = None
