@@ -24,6 +24,7 @@ from .backends.sqlite3.base import writer_stats
 from .checkpointer import Checkpointer
 from .claims import Acquired, acquired_crash_points, run_claim_many, run_release
 from .clock import SYSTEM_CLOCK, Clock
+from .cpu import Pinned, cpu_pin
 from .driver import Driver
 from .engines import engine
 from .engines.group import group_stats
@@ -70,6 +71,7 @@ class Worker:
         agents: Sequence[str] | None = None,
         burst: bool = False,
         clock: Clock = SYSTEM_CLOCK,
+        cpu: str | int = "off",
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -78,6 +80,8 @@ class Worker:
         self.poll_interval, self.grace_seconds = poll_interval, grace_seconds
         self.agents = list(agents or [])
         self.clock = clock
+        self.cpu = cpu  # runworker --cpu: confine the process's threads to one CPU
+        self.pinned: Pinned | None = None
         self.owner = make_owner(name)
         self.keeper = LeaseKeeper(self.lease_seconds, clock=clock, on_tick=self._beat)
         self.driver = Driver(self.owner, lease_seconds=self.lease_seconds, clock=clock,
@@ -110,6 +114,7 @@ class Worker:
     def run(self) -> int:
         """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code:
         0, or 3 when the database speaks another protocol (nothing is claimed)."""
+        self.pinned = cpu_pin(self.cpu)  # before any thread of the worker's starts
         db = connections[DEFAULT_DB_ALIAS]
         if isinstance(db, QueuedSQLite) and not db.is_in_memory_db():
             self._checkpointer = Checkpointer()
@@ -130,9 +135,10 @@ class Worker:
             self._sender.start()
         self._slots = [Slot(self, n) for n in range(self.concurrency)]
         self._free = list(self._slots)
-        log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s", self.owner,
+        log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s%s", self.owner,
                  self.concurrency, self.lease_seconds, self.poll_interval,
-                 f", agents {', '.join(self.agents)}" if self.agents else "")
+                 f", agents {', '.join(self.agents)}" if self.agents else "",
+                 f", CPU {self.pinned.cpu}" if self.pinned else "")
         delay = 0.05
         try:
             while not self._stop.is_set():
@@ -250,6 +256,8 @@ class Worker:
                  "ridden out)%s%s", self.owner, self.finished, self.claim_conflicts, self.faults,
                  _writer_summary(), checkpoints)
         connection.close()
+        if self.pinned is not None:
+            self.pinned.release()
 
     # -- claiming -----------------------------------------------------------------------------
 

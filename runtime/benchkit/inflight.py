@@ -132,7 +132,7 @@ def _fsyncs(env: dict[str, str] | None, workers: list[WorkerProc]) -> int | None
 
 def level(template: Path, directory: Path, tag: str, *, agent: str, processes: int,
           concurrency: int, warm: float, window: float, fsync_env: dict[str, str] | None,
-          steps_per_s_bound: float) -> dict[str, Any]:
+          steps_per_s_bound: float, cpu: str = "off") -> dict[str, Any]:
     """One configuration on a fresh copy of ``template``: queue, run, measure, stop."""
     db = directory / f"{tag}.sqlite3"
     shutil.copyfile(template, db)
@@ -143,8 +143,8 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
     runs = slots + math.ceil(steps_per_s_bound * (warm + window + 3) / STEPS_PER_RUN)
     ids = create_runs(agent, runs, None if agent == "bench_wait" else WAIT_TOOL_CALLS)
     lo, hi = min(ids), max(ids)
-    workers = [WorkerProc(db, logs, ["--concurrency", str(concurrency)], f"{tag}-{i}",
-                          env=fsync_env) for i in range(processes)]
+    workers = [WorkerProc(db, logs, ["--concurrency", str(concurrency), "--cpu", cpu],
+                          f"{tag}-{i}", env=fsync_env) for i in range(processes)]
     try:
         began = time.monotonic()
         running = Run.objects.filter(pk__gte=lo, pk__lte=hi, status="running")
@@ -217,8 +217,10 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
     }
 
 
-def measure(path: Path, quick: bool, step: Callable[[str], None]) -> dict[str, Any]:
-    """Every line of the section; ``path`` is the bench's freshly migrated database."""
+def measure(path: Path, quick: bool, step: Callable[[str], None],
+            cpu: str = "auto") -> dict[str, Any]:
+    """Every line of the section; ``path`` is the bench's freshly migrated database; ``cpu``
+    is every worker's ``runworker --cpu``."""
     size = {k: v[1] if quick else v[0] for k, v in SIZES.items()}
     directory = path.parent
     template = directory / "inflight-template.sqlite3"
@@ -226,8 +228,8 @@ def measure(path: Path, quick: bool, step: Callable[[str], None]) -> dict[str, A
     shutil.copyfile(path, template)
     fsync_env = fsync_counter(directory)
     common = {"template": template, "directory": directory, "warm": size["warm"],
-              "window": size["window"], "fsync_env": fsync_env}
-    r: dict[str, Any] = {"section": "inflight", "quick": quick, "sizes": size,
+              "window": size["window"], "fsync_env": fsync_env, "cpu": cpu}
+    r: dict[str, Any] = {"section": "inflight", "quick": quick, "sizes": size, "cpu": cpu,
                          "process_in_flight": PROCESS_IN_FLIGHT,
                          "wait_ms": WAIT_SECONDS * 1000, "steps_per_run": STEPS_PER_RUN,
                          "fsyncs_measured": fsync_env is not None}

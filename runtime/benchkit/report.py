@@ -225,7 +225,8 @@ def render_inflight(r: dict[str, Any]) -> str:
     """The ``--inflight`` section's table, as printed."""
     m, z = r["machine"], r["sizes"]
     fs = "" if r["fsyncs_measured"] else " (fsyncs: not measured, no C compiler)"
-    out = [f"agent-runtime bench --inflight{' (--quick)' if r['quick'] else ''}: SQLite "
+    out = [f"agent-runtime bench --inflight{' (--quick)' if r['quick'] else ''}"
+           f" (runworker --cpu {r.get('cpu', 'off')}): SQLite "
            f"{m['sqlite']}, Python {m['python']}, {m['cpus']} CPUs, database in "
            f"{m['directory']}{fs}", "",
            f"Real runworker processes on a fresh SQLite file per line; runs of "

@@ -210,3 +210,23 @@ def test_agents_option_claims_only_those_agents_runs(edb, tmp_path, spawn):
     assert _status(mine.pk) == "succeeded" and _status(other.pk) == "queued"
     assert spawn("--burst", "--agents", "nobody").wait() != 0  # unknown agent: refused
     assert _status(other.pk) == "queued"
+
+
+def test_a_worker_given_a_cpu_runs_every_thread_on_it_and_says_so(edb, tmp_path, spawn):
+    import os
+    from pathlib import Path
+
+    cpu = max(os.sched_getaffinity(0))
+    with _agents():
+        run = start("steps5", {})
+    worker = spawn("--concurrency", "4", "--cpu", str(cpu))
+    wait_until(lambda: _status(run.pk) == "succeeded", what="the run to finish")
+    assert "concurrency 4, lease" in worker.output() and f", CPU {cpu}" in worker.output()
+    masks = set()
+    for task in Path(f"/proc/{worker.pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                masks.add(line.split()[1])
+    assert masks == {str(cpu)}, masks  # the slots, heartbeat, checkpointer: one CPU
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()

@@ -72,6 +72,9 @@ class Command(BaseCommand):
         parser.add_argument("--console", action="store_true",
                             help="only the console section: build a large data set and time "
                                  "each console and admin page")
+        parser.add_argument("--worker-cpu", choices=("auto", "off"), default="auto",
+                            help="--inflight: every worker's runworker --cpu (default auto: "
+                            "each on a CPU of its own)")
         parser.add_argument("--inflight", action="store_true",
                             help="only the in-flight section: runworker with 1 to 256 runs in "
                                  "flight (LLM 100 ms), no wait, and 1, 2, 4 processes")
@@ -88,7 +91,7 @@ class Command(BaseCommand):
             render = report.render_console
         elif opts["inflight"]:
             with bench_database(keep=opts["keep"]) as path:
-                results = inflight.measure(path, quick, self.step)
+                results = inflight.measure(path, quick, self.step, cpu=opts["worker_cpu"])
             results["machine"] = {"sqlite": sqlite3.sqlite_version,
                                   "python": platform.python_version(),
                                   "cpus": os.cpu_count() or 1, "directory": str(path.parent)}

@@ -13,6 +13,7 @@ from django.db import connection
 
 from runtime import crashpoints
 from runtime.agents import registry
+from runtime.cpu import parse_cpu
 from runtime.errors import UnknownAgent
 from runtime.worker import Worker
 
@@ -37,12 +38,23 @@ class Command(BaseCommand):
         parser.add_argument("--grace-seconds", type=float, default=30.0)
         parser.add_argument("--burst", action="store_true", help="drain what is runnable, exit")
         parser.add_argument("--agents", nargs="*", default=[], help="only runs of these agents")
+        parser.add_argument("--cpu", default=os.environ.get("RUNTIME_WORKER_CPU", "off"),
+                            help="confine the worker to one CPU: auto (one no other worker "
+                            "of this host holds), a CPU number, or off (default; "
+                            "RUNTIME_WORKER_CPU sets another)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if opts["lease_seconds"] is not None and opts["lease_seconds"] <= 0:
             raise CommandError("--lease-seconds must be positive")
+        try:
+            cpu = parse_cpu(opts["cpu"])
+            if isinstance(cpu, int) and cpu not in os.sched_getaffinity(0):
+                raise ValueError(f"--cpu {cpu}: not a CPU this process may use (it may use "
+                                 f"{', '.join(map(str, sorted(os.sched_getaffinity(0))))})")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         try:
             for name in opts["agents"]:
                 registry.get(name)
@@ -57,7 +69,8 @@ class Command(BaseCommand):
             lease_seconds=opts["lease_seconds"],
             poll_interval=opts["poll_interval"] or (
                 2.0 if connection.vendor == "postgresql" else 0.5),
-            grace_seconds=opts["grace_seconds"], agents=opts["agents"], burst=opts["burst"])
+            grace_seconds=opts["grace_seconds"], agents=opts["agents"], burst=opts["burst"],
+            cpu=cpu)
         signals = {"count": 0}
 
         def on_signal(signum: int, frame: Any) -> None:
