@@ -50,13 +50,21 @@ class Pinned:
 
 
 def parse_cpu(text: str) -> str | int:
-    """``--cpu``'s value: "auto", "off", or a CPU number; ValueError otherwise."""
+    """``--cpu``'s value: "auto", "off", or a CPU number this process may use; ValueError
+    otherwise."""
     value = text.strip().lower()
     if value in ("auto", "off"):
         return value
     if not value.isdigit() or len(value) > 6:
         raise ValueError(f"--cpu takes auto, off or a CPU number, not {text[:40]!r}")
-    return int(value)
+    return _allowed(int(value), os.sched_getaffinity(0))
+
+
+def _allowed(cpu: int, allowed: set[int]) -> int:
+    if cpu not in allowed:
+        raise ValueError(f"--cpu {cpu}: not a CPU this process may use (it may use "
+                         f"{', '.join(map(str, sorted(allowed)))})")
+    return cpu
 
 
 def cpu_claim(allowed: Iterable[int], directory: Path) -> Pinned | None:
@@ -86,10 +94,7 @@ def cpu_pin(choice: str | int, *, directory: Path | None = None) -> Pinned | Non
         return None
     allowed = os.sched_getaffinity(0)
     if isinstance(choice, int):
-        if choice not in allowed:
-            raise ValueError(f"CPU {choice} is not one this process may use "
-                             f"({', '.join(map(str, sorted(allowed)))})")
-        pinned = Pinned(choice)
+        pinned = Pinned(_allowed(choice, allowed))
     elif len(allowed) < 2:
         return None  # one CPU already
     else:
