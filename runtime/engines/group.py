@@ -4,9 +4,11 @@ SQLite has one writer and each commit pays a sync of its own, so a process with 
 flight spent its time queueing for the write lock, one commit at a time. Here the thread whose
 plan arrives while no group is being written becomes the *leader*: it takes the write lock once,
 applies its own plan and every plan queued behind it, each inside a savepoint with its own
-fence, and commits (one sync) for them all. Threads that arrive meanwhile queue and wait; when
-the group is written, each learns its own outcome, and the first of the next queue leads the
-next group. A plan alone in the process commits at once, with no added delay.
+fence, and commits (one sync) for them all. The group is taken once the lock is held, so the
+plans queued while it waited for another process's commit ride along. Threads that arrive
+later queue and wait; when the group is written, each learns its own outcome, and the first of
+the next queue leads the next group. A plan alone in the process commits at once, with no
+added delay.
 
 One plan's refusal (its lease lost, its chain moved) or error undoes that plan only; the others
 commit. A database fault, a failed ``COMMIT`` or a crash loses the whole group
@@ -109,34 +111,39 @@ class GroupCommitter:
                 self._lead(t, transaction)
 
     def _lead(self, ticket: Ticket, transaction: Callable[[], Any]) -> None:
-        with self._lock:
-            if ticket.lead:  # handed over: the queue it heads is this group
-                batch, self._queue = self._queue[:self.limit], self._queue[self.limit:]
-            else:
-                batch, self._queue = [ticket, *self._queue[:self.limit - 1]], \
-                    self._queue[self.limit - 1:]
-        try:
-            write_group(batch, transaction)
-        finally:
-            for t in batch:
-                t.done = True
-                if t is not ticket:
-                    t.woken.set()
+        def take() -> list[Ticket]:
             with self._lock:
-                self.stats.groups += 1
-                self.stats.plans += len(batch)
-                self.stats.largest = max(self.stats.largest, len(batch))
-                if self._queue:
-                    successor = self._queue[0]
-                    successor.lead = True
-                    successor.woken.set()
+                if ticket.lead:  # handed over: the queue it heads is this group
+                    batch, self._queue = self._queue[:self.limit], self._queue[self.limit:]
                 else:
-                    self._leading = False
+                    batch, self._queue = [ticket, *self._queue[:self.limit - 1]], \
+                        self._queue[self.limit - 1:]
+            return batch
+
+        batch = write_group(take, transaction)
+        for t in batch:
+            t.done = True
+            if t is not ticket:
+                t.woken.set()
+        with self._lock:
+            self.stats.groups += 1
+            self.stats.plans += len(batch)
+            self.stats.largest = max(self.stats.largest, len(batch))
+            if self._queue:
+                successor = self._queue[0]
+                successor.lead = True
+                successor.woken.set()
+            else:
+                self._leading = False
 
 
-def write_group(batch: Sequence[Ticket], transaction: Callable[[], Any]) -> None:
-    """Apply every ticket's plan in one transaction and commit; each ticket gets its result
-    or error. Never raises: a failure of the whole transaction becomes every ticket's error.
+def write_group(take: Callable[[], Sequence[Ticket]],
+                transaction: Callable[[], Any]) -> Sequence[Ticket]:
+    """Write a group in one transaction and commit: ``take()``, called once the write lock is
+    held, says which plans (so every plan queued while the lock was awaited rides along, and
+    the next group need not wait for the lock again). Each ticket gets its result or error;
+    the batch is returned. Never raises: a failure of the whole transaction becomes every
+    ticket's error (the batch is then taken as it stands).
 
     A plan refused by its fence wrote nothing (the fence is its first statement), so plans are
     first applied one after the other with no savepoint of their own, their events deferred to
@@ -144,8 +151,10 @@ def write_group(batch: Sequence[Ticket], transaction: Callable[[], Any]) -> None
     is the pass undone and each plan applied again inside a savepoint of its own, writing its
     own events, so that one rolls back alone.
     """
+    batch: Sequence[Ticket] | None = None
     try:
         with transaction() as tx:
+            batch = take()
             if len(batch) > 1:
                 tx.execute("SAVEPOINT grp")
                 tx.deferring = True
@@ -163,8 +172,11 @@ def write_group(batch: Sequence[Ticket], transaction: Callable[[], Any]) -> None
                     {"run_id": t.plan.run_id, "fence_seq": t.plan.fence.seq}
                     for t in batch if t.error is None]})
     except BaseException as exc:
+        if batch is None:  # the transaction never began: the group as it stands fails
+            batch = take()
         for t in batch:
             t.value, t.error = None, exc
+    return batch
 
 
 def _apply_all(batch: Sequence[Ticket], tx: GroupTx, alone: bool = False) -> bool:

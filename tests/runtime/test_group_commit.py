@@ -4,6 +4,7 @@ the whole group and nothing else."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -106,6 +107,28 @@ def test_plans_arriving_while_a_group_is_written_are_written_together_next(rdb):
         run = Run.objects.get(pk=lease.run_id)
         assert (run.event_seq, run.event_hash) == lease.position  # each its own chain head
         assert Event.objects.filter(run_id=lease.run_id, kind="llm.failed").count() == 1
+
+
+def test_plans_queued_while_the_leader_waits_for_another_process_ride_in_its_group(rdb):
+    """The group is taken once the write lock is held: what queued while another process held
+    it is written with the leader's plan, not left to wait for the lock a second time."""
+    first, *others = leases(4)
+    other_process = os.open(f"{settings.DATABASES['default']['NAME']}.writer", os.O_RDWR)
+    try:
+        fcntl.flock(other_process, fcntl.LOCK_EX)  # another open file: as another process's
+        before = committer().stats.groups
+        leader = commit_in_background(first, noted(first, "leader"))
+        wait_until(lambda: committer()._leading, "a leader waiting for the write lock")
+        jobs = [commit_in_background(lease, noted(lease, "queued")) for lease in others]
+        wait_until(lambda: len(committer()._queue) == len(others), "the others queued")
+    finally:
+        os.close(other_process)  # releases the flock: the leader takes the lock
+    for job in [leader, *jobs]:
+        assert job.join().error is None
+    stats = committer().stats
+    assert stats.groups == before + 1 and stats.largest >= 4  # one group carried all four
+    for lease in [first, *others]:
+        assert Run.objects.get(pk=lease.run_id).event_seq == lease.position[0]
 
 
 def test_a_workers_claims_ride_in_the_group_with_its_runs_commits(rdb):
@@ -251,7 +274,7 @@ def test_a_fault_at_commit_loses_the_group_and_every_plan_hears_of_it():
         raise OperationalError("disk I/O error")
 
     batch = [_ticket(n) for n in range(3)]
-    write_group(batch, failing_commit)
+    write_group(lambda: batch, failing_commit)
     # no savepoint per plan when none fails; the three plans' events in one write
     assert tx.said == ["SAVEPOINT grp", "flush [0, 1, 2]", "RELEASE grp"]
     assert all(isinstance(t.error, OperationalError) and t.value is None for t in batch)
@@ -268,7 +291,7 @@ def test_a_plan_failing_half_way_sends_the_group_through_a_savepoint_per_plan():
         raise ValueError("half done")
 
     batch = [_ticket(1), Ticket(_ticket(0).plan, broken), _ticket(3)]
-    write_group(batch, transaction)
+    write_group(lambda: batch, transaction)
     assert tx.said == ["SAVEPOINT grp", "discard [1]", "ROLLBACK TO grp",
                        "SAVEPOINT plan", "RELEASE plan",
                        "SAVEPOINT plan", "ROLLBACK TO plan", "RELEASE plan",
@@ -285,7 +308,7 @@ def test_a_group_of_one_takes_no_savepoint():
         yield tx
 
     (t,) = batch = [_ticket("x")]
-    write_group(batch, transaction)
+    write_group(lambda: batch, transaction)
     assert tx.said == [] and t.outcome() == "x"
 
 
