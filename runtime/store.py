@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -57,6 +58,9 @@ class Lease:
     seconds: float = 30.0
     lost: bool = False  # set by the heartbeat when a renewal finds the lease gone
     ending: bool = False  # a commit giving the lease up is under way: not a loss
+    # Called (on the run's thread) as that commit begins: a worker claims the run's successor
+    # meanwhile, so the slot does not stand idle for a claim's commit once the run is done.
+    on_ending: Callable[[], None] | None = None
 
     @property
     def seq(self) -> int:
@@ -78,6 +82,8 @@ def lease_commit(lease: Lease, plan: Plan, clock: Any) -> Committed:
     plan.fence = replace(plan.fence, unexpired=plan.gated)
     if plan.releases:
         lease.ending = True
+        if lease.on_ending is not None:
+            lease.on_ending()
     try:
         committed = commit_riding_faults(plan, clock, window=max(lease.seconds, 5.0),
                                          lease=lease)

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from django.conf import settings
@@ -95,6 +96,9 @@ class Worker:
         self._active: dict[int, tuple[threading.Event, Lease]] = {}
         self._slots: list[Slot] = []
         self._free: list[Slot] = []
+        # Runs claimed while the run of the slot they will take was committing its end (its
+        # lease ``ending``): the first slot to free takes the oldest.
+        self._pending: deque[Acquired] = deque()
         self.finished = 0
         self.faults = 0  # database faults ridden out by the claiming loop
         self.claim_conflicts = 0  # claims another worker won first (never on PostgreSQL)
@@ -174,10 +178,11 @@ class Worker:
         costs the write lock), looked at only while a slot is free and the last claim round ran
         dry. Slots freed by finished runs are claimed for together: at once when
         ``claim_batch`` of them are free, else ``CLAIM_LINGER`` seconds after the first (a claim
-        round costs about the same for one run as for thirty-two)."""
+        round costs about the same for one run as for thirty-two). A slot counts as free from
+        the moment its run begins the commit that gives its lease up (``_claimable``)."""
         deadline = time.monotonic() + self.poll_interval
         while not self._stop.is_set():
-            free = self.concurrency - self._running()
+            free = self._claimable()
             if free > 0 and self._freed_at is not None:
                 if free >= self.claim_batch:
                     break
@@ -286,13 +291,28 @@ class Worker:
         with self._lock:
             return len(self._active)
 
+    def _claimable(self) -> int:
+        """How many runs may be claimed now: slots free, or whose run is committing its end
+        (a pause, a release, its last step). A run claimed for such a slot waits in
+        ``_pending`` for that commit, which the claim's own commit usually joins."""
+        with self._lock:
+            return self.concurrency - sum(1 for _done, lease in self._active.values()
+                                          if not lease.ending)
+
+    def _ending(self) -> None:
+        """A run's lease-giving commit began (on the run's thread): claim for its slot now."""
+        with self._lock:
+            if self._freed_at is None:
+                self._freed_at = time.monotonic()
+        self._wake.set()
+
     def _fill_slots(self) -> int:
         """Claim runs for the free slots, up to ``CLAIM_BATCH`` in one transaction at a time."""
         claimed = 0
         with self._lock:
             self._freed_at = None
         while not self._stop.is_set():
-            free = self.concurrency - self._running()
+            free = self._claimable()
             if free <= 0:
                 break
             with self._lock:
@@ -336,12 +356,18 @@ class Worker:
 
     def _start(self, acquired: Acquired) -> None:
         run_id = acquired.run.pk
+        acquired.lease.on_ending = self._ending
+        self.keeper.add(acquired.lease)  # heartbeated from the claim, even while pending
         with self._lock:
             self._active[run_id] = (threading.Event(), acquired.lease)
-            slot = self._free.pop()  # a slot is free: fewer runs than slots are in flight
+            # No slot free: the claim counted one whose run is committing its end.
+            slot = self._free.pop() if self._free else None
+            if slot is None:
+                self._pending.append(acquired)
         log.info("run=%s owner=%s %s", run_id, self.owner,
                  "taken over" if acquired.taken_over else "claimed")
-        slot.give(acquired)
+        if slot is not None:
+            slot.give(acquired)
 
     def _execute(self, slot: Slot, acquired: Acquired) -> None:
         run_id = acquired.run.pk
@@ -364,13 +390,19 @@ class Worker:
             connection.close()
         finally:
             _close_if_left_in_transaction()
+            following = None
             with self._lock:
                 done, _lease = self._active.pop(run_id)
-                self._free.append(slot)
                 self.finished += 1
-                if self._freed_at is None:
-                    self._freed_at = time.monotonic()
+                if self._pending:
+                    following = self._pending.popleft()
+                else:
+                    self._free.append(slot)
+                    if self._freed_at is None:
+                        self._freed_at = time.monotonic()
             done.set()
+            if following is not None:
+                slot.give(following)
             self._wake.set()
 
     # -- the Worker row -----------------------------------------------------------------------

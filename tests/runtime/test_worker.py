@@ -230,3 +230,37 @@ def test_a_worker_given_a_cpu_runs_every_thread_on_it_and_says_so(edb, tmp_path,
     assert masks == {str(cpu)}, masks  # the slots, heartbeat, checkpointer: one CPU
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output()
+
+
+def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb):
+    """A run's last commit and its successor's claim overlap: the successor is claimed while
+    the slot's run is still committing its end, waits for that slot, and only then starts
+    (one run at a time in a slot of its own)."""
+    import threading
+
+    from runtime.worker import Worker
+
+    with _agents():
+        first, second = start("final", {}), start("final", {})
+    claimed = threading.Event()
+
+    class Watched(Worker):
+        def _ending(self) -> None:  # on the first run's thread, before its last commit
+            super()._ending()
+            if not claimed.is_set():
+                # the claim loop, woken by the line above, claims the second run meanwhile
+                assert wait_until(lambda: _status(second.pk) == "running",
+                                  what="the successor's claim")
+                assert _status(first.pk) == "running"  # its end is not committed yet
+                claimed.set()
+
+    with _agents():
+        worker = Watched(concurrency=1, burst=True, poll_interval=0.05)
+        assert worker.run() == 0
+    assert claimed.is_set()
+    assert _status(first.pk) == _status(second.pk) == "succeeded"
+    ended = Event.objects.get(run_id=first.pk, kind="run.succeeded")
+    took = Event.objects.get(run_id=second.pk, kind="run.started")
+    began = Event.objects.filter(run_id=second.pk, kind="step.started").first()
+    assert took.pk < ended.pk < began.pk  # claimed before the first ended; ran after it
+    assert worker.finished == 2
