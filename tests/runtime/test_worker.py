@@ -232,7 +232,17 @@ def test_a_worker_given_a_cpu_runs_every_thread_on_it_and_says_so(edb, tmp_path,
     assert worker.wait() == 0, worker.output()
 
 
-def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb):
+@pytest.fixture
+def unfrozen():
+    """An in-process worker freezes what exists at its start (``gc.freeze``): undone after."""
+    import gc
+
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb, unfrozen):
     """A run's last commit and its successor's claim overlap: the successor is claimed while
     the slot's run is still committing its end, waits for that slot, and only then starts
     (one run at a time in a slot of its own)."""
@@ -264,3 +274,16 @@ def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb):
     began = Event.objects.filter(run_id=second.pk, kind="step.started").first()
     assert took.pk < ended.pk < began.pk  # claimed before the first ended; ran after it
     assert worker.finished == 2
+
+
+def test_a_worker_keeps_what_start_up_built_out_of_the_collector_s_full_passes(edb, unfrozen):
+    import gc
+
+    from runtime.worker import Worker
+
+    assert gc.get_freeze_count() == 0
+    with _agents():
+        run = start("final", {})
+        assert Worker(concurrency=1, burst=True, poll_interval=0.05).run() == 0
+    assert gc.get_freeze_count() > 0
+    assert _status(run.pk) == "succeeded"
