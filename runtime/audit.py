@@ -85,7 +85,17 @@ class EventRow:
     hash: str
 
 
-_str = json.JSONEncoder(ensure_ascii=False).encode  # a JSON string, exactly as dumps() has it
+_encode = json.JSONEncoder(ensure_ascii=False).encode  # a JSON string, exactly as dumps() has it
+_quoted: dict[str, str] = {}  # kinds and actors recur in every commit: each encoded once
+
+
+def _str(text: str) -> str:
+    found = _quoted.get(text)
+    if found is None:
+        if len(_quoted) >= 4096:  # actors are open-ended (operators' names): bounded
+            _quoted.clear()
+        found = _quoted[text] = _encode(text)
+    return found
 
 
 def build_events(

@@ -8,6 +8,7 @@ a single round trip) and in whose clock judges a lease (PostgreSQL: the server's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -83,17 +84,17 @@ def database_time(clock: Any) -> bool:
     return bool(getattr(clock, "database_time", False))
 
 
-def fill(params: list[Any], now: datetime, adapt: Any) -> list[Any]:
+def fill(params: list[Any], now: datetime, adapt: Any,
+         marks: Sequence[int] | None = None) -> list[Any]:
     """``params`` with the statement-time markers replaced by ``now`` (read in the
-    transaction), adapted for the engine."""
-    out = []
-    for p in params:
+    transaction), adapted for the engine; ``marks``, where known, are the markers' places."""
+    out = list(params)
+    for i in range(len(out)) if marks is None else marks:
+        p = out[i]
         if p is NOW:
-            out.append(adapt(now))
+            out[i] = adapt(now)
         elif isinstance(p, NowPlus):
-            out.append(adapt(now + timedelta(seconds=p.seconds)))
-        else:
-            out.append(p)
+            out[i] = adapt(now + timedelta(seconds=p.seconds))
     return out
 
 

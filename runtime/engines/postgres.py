@@ -116,7 +116,7 @@ class PostgresEngine:
             params += [*stmt.params[:-1], step.pk]
         params += event_params(d, rows)
         if not d.db_clock:
-            params = fill(params, clock.now(), lambda at: at)
+            params = fill(params, clock.now(), lambda at: at, run.marks)
         found = run_sql(db, sql, params).fetchone()
         if found[0] != 1:
             raise Refused()

@@ -97,6 +97,7 @@ class Dialect:
 class Statement:
     sql: str
     params: list[Any]
+    marks: tuple[int, ...] | None = None  # where NOW and NowPlus are in params (None: unknown)
 
 
 _cache: dict[tuple, str] = {}
@@ -126,8 +127,11 @@ def run_update(d: Dialect, plan: Plan, seq: int, head: str) -> Statement:
             params.append(d.time(value) if kind == "datetime" and value is not None
                           else d.value(kind, value))
     take: TakeLease | None = plan.take
+    marks: list[int] = []
     if take is not None:
         params += [take.owner, take.epoch]
+        if not d.db_clock:
+            marks.append(len(params))
         params += [take.seconds] if d.db_clock else [NowPlus(take.seconds)]
     f: Fence = plan.fence
     params += [plan.run_id, f.seq]
@@ -137,11 +141,12 @@ def run_update(d: Dialect, plan: Plan, seq: int, head: str) -> Statement:
         params.append(f.epoch)
     params += list(f.status)
     if (f.unexpired or f.expired) and not d.db_clock:
+        marks.append(len(params))
         params.append(NOW)
     key = ("run", d.vendor, d.db_clock, tuple(shape), take is not None, f.owner is not None,
            f.epoch is not None, len(f.status), f.unexpired, f.expired)
     return Statement(cached(d, key, lambda: _run_update_sql(d, shape, take is not None, f)),
-                     params)
+                     params, tuple(marks))
 
 
 def _run_update_sql(d: Dialect, shape: list[tuple[str, str]], take: bool, f: Fence) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -62,7 +62,10 @@ def db_datetime(db: Any, at: datetime | None) -> str | None:
         return None
     last, text = _adapted
     if at is not last:
-        text = db.ops.adapt_datetimefield_value(at)
+        if at.tzinfo is UTC and db.timezone is UTC:  # what the backend does, without its steps
+            text = str(at.replace(tzinfo=None))
+        else:
+            text = db.ops.adapt_datetimefield_value(at)
         _adapted[:] = [at, text]
     return text
 
@@ -194,7 +197,7 @@ class SqliteEngine:
         if prepared is None:
             prepared = self._prepare(db, plan)
         d, rows, seq, head, run, inserts, updates, events, event_values = prepared
-        if execute(db, run.sql, fill(run.params, now, d.time)).rowcount != 1:
+        if execute(db, run.sql, fill(run.params, now, d.time, run.marks)).rowcount != 1:
             raise Refused()
         if inserts:
             sql = cached(d, ("step+",), lambda: (

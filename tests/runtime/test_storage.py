@@ -139,3 +139,20 @@ def test_chained_rows_hash_exactly_as_the_reference_function(rdb):
                           payload=spec.payload, actor='owner "ö"', at=at)
         assert row.hash == prev and row.seq == n
     assert (seq, head) == (9, prev)
+
+
+@pytest.mark.django_db
+def test_sqlite_times_are_written_exactly_as_the_backend_writes_them():
+    """The committer's shortcut for UTC times gives the backend's own text, to the character
+    (whole seconds have no fraction), and other zones still go through the backend."""
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    assert connection.vendor == "sqlite"  # this module's database
+    for at in (datetime(2026, 12, 6, 3, 4, 5, 123456, tzinfo=UTC),
+               datetime(2026, 12, 6, 3, 4, 5, tzinfo=UTC),
+               datetime(2026, 12, 6, 4, 4, 5, 7, tzinfo=ZoneInfo("Europe/Paris"))):
+        assert sqlite_engine.db_datetime(connection, at) == \
+            connection.ops.adapt_datetimefield_value(at)
+    assert sqlite_engine.db_datetime(connection, datetime(2026, 1, 1, tzinfo=UTC)) == \
+        "2026-01-01 00:00:00"
