@@ -35,6 +35,25 @@ from . import Refused
 GROUP_FAULTS = (OperationalError, InterfaceError, InternalError)
 
 
+class Signal:
+    """A one-shot wake-up for the one thread that waits on a ticket: a lock held until it is
+    given. A commit waits on one, so ``threading.Event``'s condition (a lock allocated per
+    wait, a queue of waiters) cost every commit more than the wake-up itself."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        """Wake the waiter (at most once per ticket: it is then done, or leads)."""
+        self._lock.release()
+
+    def wait(self) -> None:
+        self._lock.acquire()
+
+
 @dataclass
 class Ticket:
     """One plan waiting for a group: what to apply, and (once written) what became of it."""
@@ -45,7 +64,7 @@ class Ticket:
     error: BaseException | None = None
     done: bool = False
     lead: bool = False  # handed the next group instead of an outcome
-    woken: threading.Event = field(default_factory=threading.Event)
+    woken: Signal = field(default_factory=Signal)
 
     def outcome(self) -> Any:
         if self.error is not None:
