@@ -41,6 +41,22 @@ from .schedules import standing_authorization
 from .store import Lease, lease_commit, lease_plan
 from .tools import Tool
 
+_STEP_FIELDS = Step._meta.concrete_fields
+_STEP_PLACES = {f.attname: i for i, f in enumerate(_STEP_FIELDS)}
+_STEP_DEFAULTS = [f.get_default() for f in _STEP_FIELDS]
+# Shared between steps only while no default can be changed in place (else made per step).
+_DEFAULTS_FIXED = all(v is None or type(v) in (str, int, bool) for v in _STEP_DEFAULTS)
+
+
+def new_step(**values: Any) -> Step:
+    """``Step(**values)`` built through the model's positional path (a quarter of the cost of
+    its keyword one, paid once a step): every other field at its default."""
+    row = (list(_STEP_DEFAULTS) if _DEFAULTS_FIXED
+           else [f.get_default() for f in _STEP_FIELDS])
+    for name, value in values.items():
+        row[_STEP_PLACES[name]] = value
+    return Step(*row)
+
 
 def entry(step: Step) -> TranscriptEntry:
     """What the LLM is shown of a finished step."""
@@ -133,8 +149,8 @@ class Execution:
             self.commit(plan)
             return None
         key = f"run{self.run.pk}-step{index}-{secrets.token_hex(6)}"
-        step = Step(run_id=self.run.pk, index=index, status=StepStatus.DECIDING,
-                    idempotency_key=key, started_at=plan.at)
+        step = new_step(run_id=self.run.pk, index=index, status=StepStatus.DECIDING,
+                        idempotency_key=key, started_at=plan.at)
         plan.event("step.started", {"idempotency_key": key}, index)
         plan.step_insert(step)
         if ask_llm:
