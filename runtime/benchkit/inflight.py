@@ -21,10 +21,11 @@ everything is read from the database and from the workers' own stop lines:
 - "database is locked" and tracebacks: counted in the workers' output.
 
 Three lines: **in flight** (one process, ``--concurrency N``, an LLM answering after 100 ms:
-the ideal is N x 10 steps/s), **no wait** (zero-latency LLM, 1 and 16 in flight; each in three
-interleaved rounds, reported by its median round, since the ratio compares them) and
+the ideal is N x 10 steps/s), **no wait** (zero-latency LLM, 1 and 16 in flight) and
 **processes** (1, 2, 4 processes with ``PROCESS_IN_FLIGHT`` runs in flight each, zero-latency
-LLM).
+LLM). Each line is measured in three interleaved rounds and each configuration reported by its
+median round: the machine's speed drifts within minutes, and a ratio compares configurations
+measured in turn.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ SIZES: dict[str, tuple[Any, Any]] = {
     "processes": ((1, 2, 4), (1, 2)),
     "warm": (3.0, 0.5),
     "window": (10.0, 2.0),
-    "rounds": (3, 1),  # interleaved rounds of the no-wait and processes lines
+    "rounds": (3, 1),  # interleaved rounds of every line
 }
 # Runs queued for a level with no LLM wait: enough for this many steps/s through the warm-up and
 # the window (well above what one SQLite file gives: about 1,600 steps/s on the 2-CPU VM with 4
@@ -234,17 +235,22 @@ def measure(path: Path, quick: bool, step: Callable[[str], None],
                          "wait_ms": WAIT_SECONDS * 1000, "steps_per_run": STEPS_PER_RUN,
                          "fsyncs_measured": fsync_env is not None}
     try:
+        # This machine's speed drifts by a third within minutes, and the ratios of a line
+        # compare configurations measured in turn: each line is measured in interleaved
+        # rounds and each configuration reported by its median round (steps/s).
+        waits: dict[int, list[dict[str, Any]]] = {n: [] for n in size["levels"]}
+        for k in range(size["rounds"]):
+            for n in size["levels"]:
+                step(f"in flight: {n}, LLM {WAIT_SECONDS * 1000:.0f} ms, round {k + 1}")
+                waits[n].append(level(tag=f"wait-{n}-{k}", agent="bench_wait", processes=1,
+                                      concurrency=n, steps_per_s_bound=n / WAIT_SECONDS,
+                                      **common))
         r["levels"] = []
         for n in size["levels"]:
-            step(f"in flight: {n}, LLM {WAIT_SECONDS * 1000:.0f} ms")
-            x = level(tag=f"wait-{n}", agent="bench_wait", processes=1, concurrency=n,
-                      steps_per_s_bound=n / WAIT_SECONDS, **common)
+            x = _median_round(waits[n])
             x["ideal_steps_per_s"] = n / WAIT_SECONDS
             x["percent_of_ideal"] = 100 * x["steps_per_s"] / x["ideal_steps_per_s"]
             r["levels"].append(x)
-        # The ratios of a line compare configurations measured in turn, and this machine's
-        # speed drifts by a third within minutes: each line is measured in interleaved rounds
-        # and each configuration reported by its median round (steps/s).
         for key, agent_sizes, procs in (("nowait", size["nowait"], False),
                                         ("processes", size["processes"], True)):
             rounds: dict[int, list[dict[str, Any]]] = {n: [] for n in agent_sizes}

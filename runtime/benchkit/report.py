@@ -250,10 +250,18 @@ def render_inflight(r: dict[str, Any]) -> str:
                 f" {x['locked_errors']:7}")
 
     out += [f"1. In flight: one process, runworker --concurrency N, LLM answers after "
-            f"{r['wait_ms']:.0f} ms (ideal: N x {1000 / r['wait_ms']:.0f} steps/s)",
+            f"{r['wait_ms']:.0f} ms (ideal: N x {1000 / r['wait_ms']:.0f} steps/s)"
+            + (f", median of {z['rounds']} interleaved rounds" if z["rounds"] > 1 else ""),
             head.format(extra="  ideal  % ideal")]
+    def rounds_line(line: list[dict[str, Any]]) -> None:
+        if z["rounds"] > 1:
+            out.append("   rounds (steps/s): " + "; ".join(
+                f"{x['in_flight']}: " + ", ".join(f"{v:.0f}" for v in x["rounds_steps_per_s"])
+                for x in line))
+
     for x in r["levels"]:
         out.append(row(x, f"{x['ideal_steps_per_s']:6.0f} {x['percent_of_ideal']:7.1f}%"))
+    rounds_line(r["levels"])
     rounds = f", median of {z['rounds']} interleaved rounds" if z["rounds"] > 1 else ""
     for key, title in (("nowait", f"2. No wait: one process, zero-latency LLM{rounds}"),
                        ("processes", f"3. Processes: N processes x {r['process_in_flight']} "
@@ -261,10 +269,7 @@ def render_inflight(r: dict[str, Any]) -> str:
         out += ["", title, head.format(extra="  x first")]
         for x in r[key]:
             out.append(row(x, f"{x['ratio']:8.2f}"))
-        if z["rounds"] > 1:
-            out.append("   rounds (steps/s): " + "; ".join(
-                f"{x['in_flight']}: " + ", ".join(f"{v:.0f}" for v in x["rounds_steps_per_s"])
-                for x in r[key]))
+        rounds_line(r[key])
     out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
             " a step.started to the run's next step.started (or its end);",
             "   plans: distinct (run, time) of the window's events; commits: the workers' "

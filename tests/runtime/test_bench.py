@@ -206,6 +206,8 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
         assert x["write_transactions"] > 0 and x["plans_per_step"] > 0, x
         assert x["group_commits"] > 0 and x["plans_per_group"] >= 1, x
         assert x["fsyncs_per_step"] is None or x["fsyncs_per_step"] > 0, x
+        # every line in rounds (one with --quick), each configuration its median round's
+        assert x["rounds_steps_per_s"] == [x["steps_per_s"]], x
     for line in ("nowait", "processes"):
         assert data[line][0]["ratio"] == 1.0
     names = [t["target"] for t in data["targets"]]
