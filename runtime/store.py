@@ -132,7 +132,7 @@ def _wait_out(exc: BaseException, plan: Plan, delay: float, deadline: float) -> 
     if time.monotonic() + delay > deadline:
         raise exc
     log.warning("run=%s database fault, retrying in %.2fs: %s", plan.run_id, delay,
-                _one_line(exc))
+                one_line(exc))
     pause_after_fault(delay)
 
 
@@ -176,7 +176,8 @@ def close_connection() -> None:
         log.debug("closing a failed connection failed", exc_info=True)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An error on one line of a log, at most 300 characters."""
     return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
@@ -185,7 +186,7 @@ def notify_ready() -> None:
     try:
         engine().notify_ready()
     except DATABASE_FAULTS as exc:  # a missed wake-up costs one poll interval, nothing more
-        log.warning("could not notify workers: %s", _one_line(exc))
+        log.warning("could not notify workers: %s", one_line(exc))
 
 
 def now_expression(clock: Any) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -22,25 +21,23 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from .approvals import approvals_expire
 from .backends.sqlite3.base import DatabaseWrapper as QueuedSQLite
-from .backends.sqlite3.base import writer_stats
 from .checkpointer import Checkpointer
 from .claims import Acquired, acquired_crash_points, run_claim_many, run_release
 from .clock import SYSTEM_CLOCK, Clock
 from .cpu import Pinned, cpu_pin
 from .driver import Driver
-from .engines import engine
-from .engines.group import group_stats
 from .errors import LeaseLost, ProtocolMismatch
 from .lease import LeaseKeeper, make_owner
 from .listen import ReadyListener
 from .models import Run
 from .models import Worker as WorkerRow
 from .outbox import SEND_TIMEOUT, OutboxSender, channels
-from .procs import boot_id, hostname, own_process_start, owner_provably_dead
+from .procs import boot_id, hostname, owner_provably_dead
 from .protocol import protocol_check
 from .schedules import schedules_fire_due
 from .slots import Slot, Wakeup
-from .store import DATABASE_FAULTS, Lease, pause_after_fault
+from .store import DATABASE_FAULTS, Lease, one_line, pause_after_fault
+from .workerrow import worker_beat, worker_register, worker_unregister, writer_summary
 
 log = logging.getLogger("runtime.worker")
 
@@ -162,7 +159,7 @@ class Worker:
                 except DATABASE_FAULTS as exc:
                     self.faults += 1
                     log.warning("worker %s: database fault while claiming, retrying in "
-                                "%.2fs: %s", self.owner, delay, _one_line(exc))
+                                "%.2fs: %s", self.owner, delay, one_line(exc))
                     pause_after_fault(delay)
                     delay = min(delay * 2, 5.0)
                     continue
@@ -239,7 +236,7 @@ class Worker:
                                        reason="worker stopped after its grace period")
             except Exception as exc:  # a fault, or the run moving on: its lease will expire
                 log.warning("run=%s could not be released (%s); its lease will expire", run_id,
-                            _one_line(exc))
+                            one_line(exc))
                 continue
             log.warning("run=%s owner=%s %s after the grace period", run_id, self.owner,
                         "released" if released else "already lost")
@@ -258,13 +255,10 @@ class Worker:
             c = self._checkpointer.stats
             checkpoints = (f"; checkpoints: {c.checkpoints} ({c.restarts} with the WAL started "
                            f"over), the WAL at most {c.largest_wal} pages")
-        try:
-            WorkerRow.objects.filter(owner=self.owner).delete()
-        except DATABASE_FAULTS as exc:  # the row goes stale; the console shows its age
-            log.warning("worker %s: could not remove its row: %s", self.owner, _one_line(exc))
+        worker_unregister(self.owner)
         log.info("worker %s stopped (%d runs handled, %d claim conflicts, %d database faults "
                  "ridden out)%s%s", self.owner, self.finished, self.claim_conflicts, self.faults,
-                 _writer_summary(), checkpoints)
+                 writer_summary(), checkpoints)
         connection.close()
         if self.pinned is not None:
             self.pinned.release()
@@ -385,7 +379,7 @@ class Worker:
             # The database stayed away longer than a commit waits: the lease runs out and
             # whoever takes the run over applies the interruption contract to its step.
             log.warning("run=%s owner=%s stopped by a database fault; its lease will expire: "
-                        "%s", run_id, self.owner, _one_line(exc))
+                        "%s", run_id, self.owner, one_line(exc))
             connection.close()
         except Exception:
             # A bug or a database failure: leave the lease to expire, so the run is taken over
@@ -413,55 +407,21 @@ class Worker:
     # -- the Worker row -----------------------------------------------------------------------
 
     def _register(self) -> bool:
-        """Check the database's protocol and insert this process's row, riding out database
-        faults; False if told to stop first. Raises ``ProtocolMismatch``."""
-        delay = 0.05
-        while not self._stop.is_set():
-            now = self.clock.now()
-            try:
-                protocol_check(force=True)
-                WorkerRow.objects.create(
-                    owner=self.owner, name=self.name, host=hostname(), pid=os.getpid(),
-                    boot_id=boot_id(), proc_start=own_process_start(), started_at=now,
-                    heartbeat_at=now, concurrency=self.concurrency,
-                    lease_seconds=self.lease_seconds)
-                return True
-            except DATABASE_FAULTS as exc:
-                log.warning("worker %s: database fault while registering, retrying in %.2fs: "
-                            "%s", self.owner, delay, _one_line(exc))
-                pause_after_fault(delay)
-                delay = min(delay * 2, 5.0)
-        return False
+        """This process's row (``runtime.workerrow``); False if told to stop first."""
+        return worker_register(owner=self.owner, name=self.name, concurrency=self.concurrency,
+                               lease_seconds=self.lease_seconds, clock=self.clock,
+                               stopping=self._stop.is_set)
 
     def _beat(self) -> None:
         """After the leases are renewed: the worker's row, and the protocol check (a database
         upgraded under a running worker stops its claims)."""
-        with engine().one_write():  # SQLite: queued like every writer, never busy-waiting
-            WorkerRow.objects.filter(owner=self.owner).update(
-                heartbeat_at=self.clock.now(), runs_held=len(self.keeper.held()))
+        worker_beat(self.owner, len(self.keeper.held()), self.clock)
         try:
             protocol_check(force=True)
         except ProtocolMismatch as exc:
             log.error("worker %s: %s", self.owner, exc)
             self.refusal = exc
             self.request_stop()  # runs in flight finish their call; nothing new is claimed
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
-
-
-def _writer_summary() -> str:
-    """How this process used SQLite's single writer (with the runtime's backend)."""
-    if not isinstance(connections[DEFAULT_DB_ALIAS], QueuedSQLite):
-        return ""
-    w = writer_stats()
-    n = max(w.transactions, 1)
-    g = group_stats()
-    return (f"; write lock: {w.transactions} transactions, held {w.held:.3f} s "
-            f"({w.held / n * 1000:.3f} ms each), waited {w.waited:.3f} s "
-            f"({w.waited / n * 1000:.3f} ms each); group commits: {g.groups} carrying "
-            f"{g.plans} plans (largest {g.largest})")
 
 
 def _close_if_left_in_transaction() -> None:
