@@ -401,8 +401,10 @@ class Worker:
                         self._freed_at = time.monotonic()
             done.set()
             if following is not None:
+                # The claim loop counted this slot free when its run began to end: no news.
                 slot.give(following)
-            self._wake.set()
+            else:
+                self._wake.set()
 
     # -- the Worker row -----------------------------------------------------------------------
 
