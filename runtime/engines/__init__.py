@@ -84,12 +84,11 @@ def database_time(clock: Any) -> bool:
     return bool(getattr(clock, "database_time", False))
 
 
-def fill(params: list[Any], now: datetime, adapt: Any,
-         marks: Sequence[int] | None = None) -> list[Any]:
-    """``params`` with the statement-time markers replaced by ``now`` (read in the
-    transaction), adapted for the engine; ``marks``, where known, are the markers' places."""
+def fill(params: list[Any], now: datetime, adapt: Any, marks: Sequence[int]) -> list[Any]:
+    """``params`` with the statement-time markers at ``marks`` replaced by ``now`` (read in
+    the transaction), adapted for the engine."""
     out = list(params)
-    for i in range(len(out)) if marks is None else marks:
+    for i in marks:
         p = out[i]
         if p is NOW:
             out[i] = adapt(now)

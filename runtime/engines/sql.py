@@ -97,7 +97,7 @@ class Dialect:
 class Statement:
     sql: str
     params: list[Any]
-    marks: tuple[int, ...] | None = None  # where NOW and NowPlus are in params (None: unknown)
+    marks: tuple[int, ...] = ()  # where NOW and NowPlus are in params
 
 
 _cache: dict[tuple, str] = {}
