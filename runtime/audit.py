@@ -46,7 +46,9 @@ class EventSpec:
 
 
 def _iso(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat(timespec="microseconds")
+    if at.tzinfo is not UTC:  # a commit's time is UTC already: the same text without a copy
+        at = at.astimezone(UTC)
+    return at.isoformat(timespec="microseconds")
 
 
 def event_hash(

@@ -207,10 +207,7 @@ def _candidates(clock: Any, gone: bool, limit: int, agents: Sequence[str],
     their converters and its model's field order on every call, more than the query itself
     costs, and a worker claims once or more per finished run."""
     stmt = _looking(clock, gone, limit, agents, dead_owners, exclude, lock)
-    with connection.cursor() as cursor:
-        cursor.execute(stmt.sql, stmt.params)
-        rows = cursor.fetchall()
-    return [_run_from_row(row) for row in rows]
+    return [_run_from_row(row) for row in engine().select(stmt.sql, stmt.params)]
 
 
 _RUN_FIELDS = Run._meta.concrete_fields  # the order of RUN_SELECT's columns

@@ -13,7 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -79,7 +79,9 @@ def lease_commit(lease: Lease, plan: Plan, clock: Any) -> Committed:
     """Commit ``plan`` only while ``lease`` still holds the run at the position the plan was
     made at (and, if an outside call follows, holds it unexpired at the fencing statement).
     Raises ``LeaseLost`` (nothing written) when the fence refuses."""
-    plan.fence = replace(plan.fence, unexpired=plan.gated)
+    f = plan.fence
+    if f.unexpired != plan.gated:  # (Fence's own constructor: a quarter of replace()'s cost)
+        plan.fence = Fence(f.seq, f.owner, f.epoch, f.status, plan.gated, f.expired)
     if plan.releases:
         lease.ending = True
         if lease.on_ending is not None:

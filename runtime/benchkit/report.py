@@ -270,6 +270,11 @@ def render_inflight(r: dict[str, Any]) -> str:
         for x in r[key]:
             out.append(row(x, f"{x['ratio']:8.2f}"))
         rounds_line(r[key])
+        if z["rounds"] > 1:
+            out.append("   x first: the median of each round's ratio (" + "; ".join(
+                f"{x['in_flight']}: " + ", ".join(f"{v:.2f}" for v in x["rounds_ratio"])
+                for x in r[key][1:]) + "); of the median rounds: " + ", ".join(
+                f"{x['ratio_of_medians']:.2f}" for x in r[key][1:]))
     out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
             " a step.started to the run's next step.started (or its end);",
             "   plans: distinct (run, time) of the window's events; commits: the workers' "

@@ -59,6 +59,9 @@ class Engine(Protocol):
     def renew(self, leases: list[Any], seconds: float, clock: Any) -> dict[tuple, datetime]:
         """Renew in one statement; (run id, epoch, owner) -> new expiry of those renewed."""
 
+    def select(self, sql: str, params: list[Any]) -> list[tuple]:
+        """The rows of a read the runtime built (``%s`` placeholders), with no ORM around."""
+
     def now_expression(self, clock: Any) -> Any: ...
 
     def dialect(self, clock: Any) -> Dialect:

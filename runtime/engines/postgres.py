@@ -149,6 +149,12 @@ class PostgresEngine:
         return {(run_id, epoch, owner): at.astimezone(UTC)
                 for run_id, epoch, owner, at in found}
 
+    def select(self, sql: str, params: list[Any]) -> list[tuple]:
+        """The rows of a read the runtime built (``%s`` placeholders)."""
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
     def now_expression(self, clock: Any) -> Any:
         if database_time(clock):
             return Func(function="clock_timestamp", output_field=DateTimeField())

@@ -165,7 +165,7 @@ class SqliteEngine:
         return [t.error if t.error is not None else t.value for t in tickets]
 
     def _apply_here(self, plan: Plan, clock: Any, prepared: tuple, tx: _GroupTx) -> Committed:
-        return self._apply(connections[DEFAULT_DB_ALIAS], plan, clock, prepared, tx)
+        return self._apply(tx.db, plan, clock, prepared, tx)  # the leader's connection
 
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]
@@ -233,6 +233,12 @@ class SqliteEngine:
                 params += [lease.run_id, lease.epoch, lease.owner]
             found = execute(db, sql, params).fetchall()
         return dict.fromkeys(map(tuple, found), expires)
+
+    def select(self, sql: str, params: list[Any]) -> list[tuple]:
+        """The rows of a read the runtime built (``%s`` placeholders), straight from the
+        driver: a worker claims once or more per finished run."""
+        db = connections[DEFAULT_DB_ALIAS]
+        return execute(db, sql.replace("%s", "?"), params).fetchall()
 
     def now_expression(self, clock: Any) -> Any:
         return Value(clock.now(), DateTimeField())

@@ -14,6 +14,7 @@ import pytest
 from runtime.agents import registry
 from runtime.benchkit import pages as page_bench
 from runtime.benchkit.agents import AGENTS
+from runtime.benchkit.inflight import paired_ratios
 from runtime.benchkit.steps import create_runs
 from runtime.driver import Driver
 from runtime.instrument import SqliteCounter
@@ -210,6 +211,9 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
         assert x["rounds_steps_per_s"] == [x["steps_per_s"]], x
     for line in ("nowait", "processes"):
         assert data[line][0]["ratio"] == 1.0
+        for x in data[line]:  # one round: the paired ratio is the ratio of the medians
+            assert x["rounds_ratio"] == [pytest.approx(x["ratio"])]
+            assert x["ratio"] == pytest.approx(x["ratio_of_medians"])
     names = [t["target"] for t in data["targets"]]
     assert any("ideal" in n and "64 in flight" in n for n in names)
     assert any(n.startswith("no wait: 16 in flight") for n in names)
@@ -218,3 +222,17 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
     assert all(isinstance(t["met"], bool) and t["figure"] for t in data["targets"])
     assert "Targets" in proc.stdout and "% ideal" in proc.stdout
     assert not list((tmp_path / "var").glob("bench-*"))  # its databases were removed
+
+
+def test_a_ratio_pairs_the_configurations_measured_in_the_same_round():
+    """Three rounds on a machine that slowed down in the middle: each configuration's median
+    round comes from a different round, and their ratio (1.5) is not what any round saw; the
+    median of the rounds' own ratios (2.0) is."""
+    base = [{"steps_per_s": v} for v in (100.0, 60.0, 90.0)]
+    double = [{"steps_per_s": v} for v in (200.0, 120.0, 135.0)]
+    line = [{"steps_per_s": 90.0}, {"steps_per_s": 135.0}]  # each one's median round
+    paired_ratios(line, [base, double])
+    assert line[0]["ratio"] == 1.0 and line[0]["rounds_ratio"] == [1.0, 1.0, 1.0]
+    assert line[1]["rounds_ratio"] == [2.0, 2.0, 1.5]
+    assert line[1]["ratio"] == 2.0
+    assert line[1]["ratio_of_medians"] == 1.5

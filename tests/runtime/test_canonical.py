@@ -3,6 +3,8 @@ holds; what one engine cannot store is refused with a clear error on both."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runtime import start
@@ -46,3 +48,35 @@ def test_a_lone_surrogate_is_refused_on_both_engines_and_nothing_is_written(edb,
     with registry.override(agent), pytest.raises(InvalidPayload, match="lone surrogate"):
         start("canon", bad)
     assert not Run.objects.exists() and not Event.objects.exists()
+
+
+CANONICAL_OPTIONS = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False,
+                     "allow_nan": False}
+
+
+@pytest.mark.parametrize("value", [
+    "plain", "ü \u2028 \" \\ \t", "\ud800", 0, -1, 2**70, -0.0, 1e16, 1e-7, 0.1, None, True,
+    [], {}, (1, "two"), {"b": [1, {"z": None, "a": "é"}], "a": {"nested": [[1.5]]}},
+    {1: "int key", 2.5: "float key"}, {False: "bool key"}, AWKWARD,
+], ids=repr)
+def test_the_canonical_form_is_json_dumps_with_the_canonical_options(value):
+    """The encoder made once writes every value exactly as ``json.dumps`` with the canonical
+    options does: the chains hashed before it must still verify."""
+    assert dumps(value) == json.dumps(value, **CANONICAL_OPTIONS)
+
+
+@pytest.mark.parametrize("value", [float("nan"), {"a": float("inf")}, [object()],
+                                   {"a": 1, 2: "mixed keys cannot be sorted"}], ids=repr)
+def test_what_json_cannot_hold_is_refused_as_json_dumps_refuses_it(value):
+    with pytest.raises((TypeError, ValueError)) as ours:
+        dumps(value)
+    with pytest.raises((TypeError, ValueError)) as theirs:
+        json.dumps(value, **CANONICAL_OPTIONS)
+    assert type(ours.value) is type(theirs.value)
+
+
+def test_a_value_that_contains_itself_is_a_value_error():
+    value: dict = {}
+    value["self"] = value
+    with pytest.raises(ValueError, match="nested too deeply"):
+        dumps(value)
