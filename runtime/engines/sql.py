@@ -121,11 +121,10 @@ def run_update(d: Dialect, plan: Plan, seq: int, head: str) -> Statement:
         _column, kind = RUN_COLUMNS[name]
         if isinstance(value, Add):
             shape.append((name, "+"))
-            params.append(d.value(kind, value.n))
+            params.append(adapt(d, kind, value.n))
         else:
             shape.append((name, "="))
-            params.append(d.time(value) if kind == "datetime" and value is not None
-                          else d.value(kind, value))
+            params.append(adapt(d, kind, value))
     take: TakeLease | None = plan.take
     marks: list[int] = []
     if take is not None:
@@ -208,23 +207,23 @@ def claim_candidates(d: Dialect, now: datetime, *, gone: bool, limit: int,
     return Statement(sql, params)
 
 
+def adapt(d: Dialect, kind: str, value: Any) -> Any:
+    """A column's value as the engine takes it (a plain one, or NULL, as it is)."""
+    if kind == "plain" or value is None:
+        return value
+    return d.time(value) if kind == "datetime" else d.value(kind, value)
+
+
+_STEP_INSERT_KINDS = [(name, STEP_COLUMNS[name][1]) for name in STEP_INSERT]
+
+
 def step_insert_params(d: Dialect, step: Step) -> list[Any]:
-    out = []
-    for name in STEP_INSERT:
-        _, kind = STEP_COLUMNS[name]
-        value = getattr(step, name)
-        out.append(d.time(value) if kind == "datetime" and value is not None
-                   else d.value(kind, value))
-    return out
+    return [adapt(d, kind, getattr(step, name)) for name, kind in _STEP_INSERT_KINDS]
 
 
 def step_update(d: Dialect, step: Step, fields: dict[str, Any]) -> Statement:
     names = tuple(fields)
-    params = []
-    for name, value in fields.items():
-        _, kind = STEP_COLUMNS[name]
-        params.append(d.time(value) if kind == "datetime" and value is not None
-                      else d.value(kind, value))
+    params = [adapt(d, STEP_COLUMNS[name][1], value) for name, value in fields.items()]
     sql = cached(d, ("step", d.vendor, names), lambda: 'UPDATE "runtime_step" SET ' + ", ".join(
         f'"{STEP_COLUMNS[n][0]}" = {d.ph(STEP_COLUMNS[n][1])}' for n in names)
         + ' WHERE "id" = %s')
