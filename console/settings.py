@@ -131,6 +131,7 @@ def _database() -> dict:
         if os.environ.get("RUNTIME_SQLITE_WRITER_QUEUE", "1") == "0":
             config["OPTIONS"]["writer_queue"] = False
     # PostgreSQL: every wait on a dead link bounded (runtime/dbnet.py); the URL's options win.
+    # A worker lends its threads connections from a pool (runtime.store.connection_pool_start).
     return with_network_options(config)
 
 

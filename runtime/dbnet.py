@@ -11,6 +11,11 @@ where no other worker can take the run over. With them, every wait on the networ
 (``runtime.worker``) and reconnects once the link is back, and the server ends the orphaned
 transaction.
 
+A worker's connections are lent by a pool (:func:`with_pool`, ``RUNTIME_PG_POOL_SIZE``, 20
+by default): its runs give their connection back before they wait on anything but the
+database (``runtime.store``), so ``runworker --concurrency 256`` needs the few connections its
+runs use at one moment, not one per run (PostgreSQL's default ``max_connections`` is 100).
+
 Plain data, no Django: settings modules call :func:`with_network_options` on a ``DATABASES``
 entry (``RUNTIME_PG_NETWORK_TIMEOUT`` seconds, 15 by default).
 """
@@ -23,6 +28,8 @@ from typing import Any
 
 DEFAULT_TIMEOUT = 15.0
 MIN_TIMEOUT, MAX_TIMEOUT = 2.0, 3600.0
+DEFAULT_POOL_SIZE = 20
+MAX_POOL_SIZE = 1000
 
 
 def postgres_network_options(options: Mapping[str, Any] | None = None,
@@ -70,3 +77,34 @@ def with_network_options(config: dict[str, Any], timeout: float | None = None) -
         return config
     chosen = network_timeout() if timeout is None else timeout
     return {**config, "OPTIONS": postgres_network_options(config.get("OPTIONS"), chosen)}
+
+
+def pool_size(environ: Mapping[str, str] = os.environ) -> int:
+    """``RUNTIME_PG_POOL_SIZE``: the most connections one process opens (0: no pool, a
+    connection per thread)."""
+    raw = environ.get("RUNTIME_PG_POOL_SIZE", "").strip()
+    try:
+        size = int(raw) if raw else DEFAULT_POOL_SIZE
+    except ValueError:
+        size = -1
+    if not 0 <= size <= MAX_POOL_SIZE:
+        raise ValueError(f"RUNTIME_PG_POOL_SIZE must be a whole number from 0 (no pool) to "
+                         f"{MAX_POOL_SIZE}, not {raw!r}")
+    return size
+
+
+def with_pool(config: dict[str, Any], size: int | None = None,
+              timeout: float | None = None) -> dict[str, Any]:
+    """A PostgreSQL ``DATABASES`` entry whose connections come from Django's pool of at most
+    ``size`` (a thread waits up to ``timeout`` seconds for one, then gets a database error);
+    unchanged if it is not PostgreSQL, sets ``pool`` itself, keeps connections open between
+    requests (``CONN_MAX_AGE``, which a pool replaces), or ``size`` is 0."""
+    if "postgresql" not in config.get("ENGINE", ""):
+        return config
+    size = pool_size() if size is None else size
+    options = config.get("OPTIONS") or {}
+    if size == 0 or "pool" in options or config.get("CONN_MAX_AGE", 0) != 0:
+        return config
+    wait = network_timeout() if timeout is None else timeout
+    pool = {"min_size": 1, "max_size": size, "timeout": wait}
+    return {**config, "OPTIONS": {**options, "pool": pool}}

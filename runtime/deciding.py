@@ -18,6 +18,7 @@ from .execution import Execution
 from .llm import Decision, FinalAnswer, LLMResponse, ToolCall
 from .models import FailureCode, Step, StepStatus
 from .plan import Add, Plan
+from .store import connection_release
 
 # The longest a wait before an LLM retry goes without checking the lease and should_stop.
 _WAIT_SLICE = 0.2
@@ -37,6 +38,7 @@ def decide(ex: Execution, step: Step) -> Step | None:
             return None
         crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=ex.run.pk,
                             step_index=step.index)
+        connection_release()  # the LLM's wait holds no connection of the database's
         try:
             response = ex.agent.llm.complete(ex.transcript, ex.agent.tool_specs)
             decisions = _checked_decisions(response)
@@ -153,6 +155,7 @@ def wait_before_retry(ex: Execution, seconds: float) -> bool:
     Raises ``LeaseLost`` when the heartbeat finds the lease gone, so nothing is sent.
     """
     remaining = seconds
+    connection_release()
     while True:
         ex.check_lease()
         if ex.should_stop():

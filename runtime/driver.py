@@ -25,6 +25,7 @@ from .execution import Execution
 from .lease import LeaseKeeper, make_owner
 from .models import FailureCode, Run, Step, StepStatus
 from .recovery import recover
+from .store import connection_release
 from .tools import ToolContext
 
 
@@ -121,6 +122,7 @@ def run_tool(ex: Execution, step: Step) -> Step | None:
                       ex.agent.name, _on_dispatch=lambda: dispatch(ex, step))
     ex.check_lease()
     result, error = None, ""
+    connection_release()  # the tool's wait holds no connection of the database's
     try:
         result = tool.invoke(ctx, kwargs)
     except LeaseLost:
@@ -154,3 +156,4 @@ def dispatch(ex: Execution, step: Step) -> None:
     plan.step_update(step, dispatched_attempt=step.attempt)
     plan.crash_after(CrashPoint.AFTER_TOOL_DISPATCHED, step.index)
     ex.commit(plan)
+    connection_release()  # the tool's outbound call comes next

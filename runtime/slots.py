@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from django.db import connection
 
 from .claims import Acquired
+from .store import connection_release
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -60,8 +61,9 @@ class Wakeup:
 
 
 class Slot:
-    """One of a worker's ``concurrency`` executor threads. It lives as long as the worker and
-    keeps its database connection, so a run costs neither a thread nor a connection."""
+    """One of a worker's ``concurrency`` executor threads. It lives as long as the worker, so
+    a run costs no thread; it keeps its database connection, or on PostgreSQL borrows one from
+    the pool only while its run talks to the database (``store.connection_release``)."""
 
     def __init__(self, worker: Worker, number: int) -> None:
         self.worker = worker
@@ -90,3 +92,16 @@ class Slot:
                 connection.close()
             except Exception:
                 log.exception("closing a slot's connection failed")
+
+
+def settle_connection() -> None:
+    """A slot keeps its connection from run to run, but never an open transaction (and the
+    write lock with it): if a failure left one behind, the connection goes. Where a pool lends
+    connections, the slot gives its own back while it waits for a run."""
+    try:
+        raw = connection.connection  # sqlite3 says whether a transaction is open
+        if raw is not None and getattr(raw, "in_transaction", False):
+            connection.close()
+        connection_release()
+    except Exception:
+        log.exception("closing a connection left in a transaction failed")

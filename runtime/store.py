@@ -30,6 +30,7 @@ from django.db.models import BooleanField, ExpressionWrapper, JSONField, Q, Valu
 from .anchors import run_creation_append_in_tx
 from .audit import EventSpec, build_events, insert_events, log_events
 from .canonical import check_payload
+from .dbnet import with_pool
 from .engines import Committed, Refused, engine
 from .errors import ApprovalConflict, LeaseLost
 from .models import Run, RunStatus, Step
@@ -176,6 +177,30 @@ def close_connection() -> None:
         connections[DEFAULT_DB_ALIAS].close()
     except Exception:  # a connection that is already broken may fail to close: it is gone
         log.debug("closing a failed connection failed", exc_info=True)
+
+
+def connection_pool_start() -> None:
+    """From now on, lend this process's PostgreSQL connections from a pool (``runtime.dbnet``:
+    ``RUNTIME_PG_POOL_SIZE``), as a worker does: its runs hold one only while they talk to the
+    database. Nothing on SQLite or where the settings chose otherwise. Other processes (the
+    console, commands) keep Django's connection per request: a pooled connection that died
+    with a restarted server would fail the request that drew it, which a worker rides out."""
+    db = connections[DEFAULT_DB_ALIAS]
+    pooled = with_pool(db.settings_dict)
+    if pooled is not db.settings_dict:
+        db.close()  # opened before the pool: closed, not lent
+        db.settings_dict["OPTIONS"] = pooled["OPTIONS"]  # every thread's wrapper shares it
+
+
+def connection_release() -> None:
+    """Give this thread's connection back to the pool before a wait outside the database (an
+    LLM, a tool, a backoff, an idle slot), so a run in flight holds a connection only while it
+    talks to the database. Nothing where there is no pool (SQLite; PostgreSQL with
+    ``RUNTIME_PG_POOL_SIZE=0``) or inside a transaction."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.connection is not None and not db.in_atomic_block \
+            and db.settings_dict["OPTIONS"].get("pool"):
+        db.close()
 
 
 def one_line(exc: BaseException) -> str:

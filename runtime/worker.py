@@ -35,8 +35,8 @@ from .outbox import SEND_TIMEOUT, OutboxSender, channels
 from .procs import boot_id, hostname, owner_provably_dead
 from .protocol import protocol_check
 from .schedules import schedules_fire_due
-from .slots import Slot, Wakeup
-from .store import DATABASE_FAULTS, Lease, one_line, pause_after_fault
+from .slots import Slot, Wakeup, settle_connection
+from .store import DATABASE_FAULTS, Lease, connection_pool_start, one_line, pause_after_fault
 from .workerrow import worker_beat, worker_register, worker_unregister, writer_summary
 
 log = logging.getLogger("runtime.worker")
@@ -117,6 +117,7 @@ class Worker:
         """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code:
         0, or 3 when the database speaks another protocol (nothing is claimed)."""
         self.pinned = cpu_pin(self.cpu)  # before any thread of the worker's starts
+        connection_pool_start()  # runs in flight borrow PostgreSQL connections, not own them
         db = connections[DEFAULT_DB_ALIAS]
         if isinstance(db, QueuedSQLite) and not db.is_in_memory_db():
             self._checkpointer = Checkpointer()
@@ -388,7 +389,7 @@ class Worker:
             log.exception("run=%s owner=%s crashed; its lease will expire", run_id, self.owner)
             connection.close()
         finally:
-            _close_if_left_in_transaction()
+            settle_connection()
             following = None
             with self._lock:
                 done, _lease = self._active.pop(run_id)
@@ -425,13 +426,3 @@ class Worker:
             self.refusal = exc
             self.request_stop()  # runs in flight finish their call; nothing new is claimed
 
-
-def _close_if_left_in_transaction() -> None:
-    """A slot keeps its connection from run to run, but never an open transaction (and the
-    write lock with it): if a failure left one behind, the connection goes."""
-    try:
-        raw = connection.connection  # sqlite3 says whether a transaction is open
-        if raw is not None and getattr(raw, "in_transaction", False):
-            connection.close()
-    except Exception:
-        log.exception("closing a connection left in a transaction failed")

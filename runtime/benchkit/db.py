@@ -65,6 +65,9 @@ def use_database(config: dict[str, Any]) -> None:
     opens a connection afterwards. The dict is replaced in place because the connection handler
     holds it; this thread's wrapper is dropped because its class belongs to the old engine."""
     connections.close_all()
+    db = connections[DEFAULT_DB_ALIAS]
+    if DEFAULT_DB_ALIAS in getattr(type(db), "_connection_pools", {}):
+        db.close_pool()  # Django keeps a pool per alias, not per database: it goes with it
     with contextlib.suppress(AttributeError):  # no wrapper made on this thread yet
         del connections[DEFAULT_DB_ALIAS]
     conf = settings.DATABASES[DEFAULT_DB_ALIAS]

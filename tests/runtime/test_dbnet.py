@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.dbnet import network_timeout, postgres_network_options, with_network_options
+from runtime.dbnet import (
+    DEFAULT_POOL_SIZE,
+    network_timeout,
+    pool_size,
+    postgres_network_options,
+    with_network_options,
+    with_pool,
+)
 
 PG = {"ENGINE": "django.db.backends.postgresql", "NAME": "runtime", "OPTIONS": {}}
 
@@ -59,3 +66,38 @@ def test_the_projects_postgresql_settings_carry_the_bounds(monkeypatch):
     monkeypatch.setenv("RUNTIME_PG_NETWORK_TIMEOUT", "9")
     options = postgres_config("postgres://u@db.example:5432/runtime")["OPTIONS"]
     assert options["tcp_user_timeout"] == 9000 and options["connect_timeout"] == 9
+
+
+def test_a_postgresql_entry_gets_a_pool_of_the_size_asked():
+    config = with_pool(PG, 32, 7)
+    assert config["OPTIONS"]["pool"] == {"min_size": 1, "max_size": 32, "timeout": 7}
+    assert PG["OPTIONS"] == {}  # a new entry; the one given is unchanged
+    sqlite = {"ENGINE": "runtime.backends.sqlite3", "NAME": "x", "OPTIONS": {}}
+    assert with_pool(sqlite, 32, 7) is sqlite
+
+
+@pytest.mark.parametrize("config", [
+    {**PG, "OPTIONS": {"pool": {"max_size": 4}}},  # the URL's or the settings' own pool wins
+    {**PG, "CONN_MAX_AGE": 60},  # persistent connections, which Django will not pool
+], ids=["own-pool", "persistent"])
+def test_a_pool_is_not_added_where_the_settings_choose_otherwise(config):
+    assert with_pool(config, 20, 15) is config
+
+
+def test_the_pool_size_comes_from_the_environment_and_zero_turns_it_off():
+    assert pool_size({}) == DEFAULT_POOL_SIZE
+    assert pool_size({"RUNTIME_PG_POOL_SIZE": "64"}) == 64
+    assert pool_size({"RUNTIME_PG_POOL_SIZE": "0"}) == 0
+    assert with_pool(PG, 0, 15) is PG
+
+
+@pytest.mark.parametrize("raw", ["-1", "1001", "many", "2.5"])
+def test_a_pool_size_out_of_bounds_is_refused(raw):
+    with pytest.raises(ValueError, match="RUNTIME_PG_POOL_SIZE must be a whole number from 0"):
+        pool_size({"RUNTIME_PG_POOL_SIZE": raw})
+
+
+def test_the_pool_size_and_its_wait_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RUNTIME_PG_POOL_SIZE", "12")
+    monkeypatch.setenv("RUNTIME_PG_NETWORK_TIMEOUT", "9")
+    assert with_pool(PG)["OPTIONS"]["pool"] == {"min_size": 1, "max_size": 12, "timeout": 9}

@@ -30,6 +30,7 @@ from runtime.instrument import PgTrace, SqliteCounter
 from runtime.lease import LeaseKeeper
 from runtime.models import Event, Run, Step
 from runtime.protocol import protocol_check
+from runtime.store import connection_pool_start
 from tests.kit import Ledger, events_of, make_agent
 
 pytestmark = pytest.mark.engines
@@ -285,3 +286,28 @@ def test_any_json_value_is_a_valid_input_including_null(edb, tmp_path, value):
     assert run.status == "succeeded" and Run.objects.get(pk=run.pk).input == value
     created = Event.objects.get(run_id=run.pk, kind="run.created")
     assert created.payload["input"] == value and verify(run).ok
+
+
+def test_a_run_holds_no_pooled_connection_while_it_waits_on_the_llm_or_a_tool(edb):
+    """Where a pool lends connections (a worker's, on PostgreSQL), a run gives its own back
+    before each outside call, so runs in flight need not fit in the server's connections;
+    without a pool (SQLite) the thread keeps its connection."""
+    assert "pool" not in connection.settings_dict["OPTIONS"]  # the console's: one per request
+    connection_pool_start()  # what a worker does as it starts
+    pooled = bool(connection.settings_dict["OPTIONS"].get("pool"))
+    assert pooled == (connection.vendor == "postgresql")
+    held: list[tuple[str, bool]] = []
+
+    def llm(transcript):
+        held.append(("llm", connection.connection is not None))
+        return FinalAnswer("ok") if transcript.entries else ToolCall("look", {})
+
+    @tool(effect="read_only")
+    def look(ctx) -> dict:
+        held.append(("tool", connection.connection is not None))
+        return {}
+
+    with registry.override(Agent("waits", ScriptedLLM(llm), [look])):
+        run, _counter = _drive(start("waits", {}).pk)
+    assert run.status == "succeeded"
+    assert held == [("llm", not pooled), ("tool", not pooled), ("llm", not pooled)]

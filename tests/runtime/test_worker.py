@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from collections import Counter
 from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from runtime import start
 from runtime.agents import registry
 from runtime.approvals import pending
+from runtime.dbnet import DEFAULT_POOL_SIZE
 from runtime.models import Event, Run
 from runtime.models import Worker as WorkerRow
 from tests import agents
@@ -287,3 +291,44 @@ def test_a_worker_keeps_what_start_up_built_out_of_the_collector_s_full_passes(e
         assert Worker(concurrency=1, burst=True, poll_interval=0.05).run() == 0
     assert gc.get_freeze_count() > 0
     assert _status(run.pk) == "succeeded"
+
+
+def _connections_to(pid: int, port: int) -> int:
+    """TCP connections process ``pid`` holds open to ``port`` (its sockets, matched in the
+    kernel's table)."""
+    fds = Path(f"/proc/{pid}/fd")
+    inodes = {link[8:-1] for fd in fds.iterdir()
+              if (link := os.readlink(fd)).startswith("socket:[")}
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port, state, inode = int(fields[2].split(":")[1], 16), fields[3], fields[9]
+            count += remote_port == port and state == "01" and inode in inodes
+    return count
+
+
+def test_one_worker_holds_256_runs_in_flight_at_once(edb, tmp_path, spawn):
+    """``--concurrency 256``: every run is in its tool at the same moment, in one process; on
+    PostgreSQL the runs waiting outside the database hold no connection of the server's."""
+    with _agents():
+        runs = [start("slow", {}) for _ in range(256)]
+    worker = spawn("--burst", "--concurrency", "256")
+    try:
+        entered = wait_until(lambda: (found := list(tmp_path.glob("entered-slow_read-*")))
+                             and len(found) == 256 and found, timeout=120,
+                             what="256 runs in their tool")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the worker said: {worker.output()[-1500:]}") from None
+    assert {p.read_text() for p in entered} == {str(worker.pid)}
+    assert Run.objects.filter(status="running").count() == 256
+    if edb.is_postgres:
+        # What the worker's pool lends at most, and its listener's own connection.
+        assert _connections_to(worker.pid, urlsplit(edb.url).port) <= DEFAULT_POOL_SIZE + 1
+    (tmp_path / "release-slow_read").write_text("")
+    assert worker.wait(timeout=300) == 0, worker.output()[-2000:]
+    assert Counter(Run.objects.filter(pk__in=[r.pk for r in runs])
+                   .values_list("status", flat=True)) == {"succeeded": 256}
+    assert sorted(c["run"] for c in _ledger(tmp_path).calls("slow_read")) == sorted(
+        r.pk for r in runs)
+    assert "Traceback" not in worker.output()
