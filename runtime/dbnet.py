@@ -11,10 +11,11 @@ where no other worker can take the run over. With them, every wait on the networ
 (``runtime.worker``) and reconnects once the link is back, and the server ends the orphaned
 transaction.
 
-A worker's connections are lent by a pool (:func:`with_pool`, ``RUNTIME_PG_POOL_SIZE``, 20
-by default): its runs give their connection back before they wait on anything but the
-database (``runtime.store``), so ``runworker --concurrency 256`` needs the few connections its
-runs use at one moment, not one per run (PostgreSQL's default ``max_connections`` is 100).
+A worker takes its connections from a pool (:func:`with_pool`, ``RUNTIME_PG_POOL_SIZE``, 20
+by default): with more threads than that, its runs give their connection back before they
+wait on anything but the database (``runtime.store``), so ``runworker --concurrency 256``
+needs the few connections its runs use at one moment, not one per run (PostgreSQL's default
+``max_connections`` is 100).
 
 Plain data, no Django: settings modules call :func:`with_network_options` on a ``DATABASES``
 entry (``RUNTIME_PG_NETWORK_TIMEOUT`` seconds, 15 by default).

@@ -172,6 +172,10 @@ def pause_after_fault(delay: float) -> None:
     time.sleep(delay * random.uniform(0.5, 1.0))
 
 
+# In a DATABASES entry: this process's threads lend each other its pool's connections.
+LEND = "RUNTIME_LEND_CONNECTIONS"
+
+
 def close_connection() -> None:
     try:
         connections[DEFAULT_DB_ALIAS].close()
@@ -179,27 +183,35 @@ def close_connection() -> None:
         log.debug("closing a failed connection failed", exc_info=True)
 
 
-def connection_pool_start() -> None:
-    """From now on, lend this process's PostgreSQL connections from a pool (``runtime.dbnet``:
-    ``RUNTIME_PG_POOL_SIZE``), as a worker does: its runs hold one only while they talk to the
-    database. Nothing on SQLite or where the settings chose otherwise. Other processes (the
-    console, commands) keep Django's connection per request: a pooled connection that died
-    with a restarted server would fail the request that drew it, which a worker rides out."""
+def connection_pool_start(threads: int) -> None:
+    """From now on, take this process's PostgreSQL connections from a pool (``runtime.dbnet``:
+    ``RUNTIME_PG_POOL_SIZE``), as a worker of ``threads`` threads does. If the pool has fewer
+    connections than that, its runs lend them: each holds one only while it talks to the
+    database (``connection_release``); if not, each thread keeps the one it took, and no step
+    pays for a return and a checkout. Nothing on SQLite or where the settings chose otherwise.
+    Other processes (the console, commands) keep Django's connection per request: a pooled
+    connection that died with a restarted server would fail the request that drew it, where a
+    worker rides the error out."""
     db = connections[DEFAULT_DB_ALIAS]
     pooled = with_pool(db.settings_dict)
     if pooled is not db.settings_dict:
         db.close()  # opened before the pool: closed, not lent
         db.settings_dict["OPTIONS"] = pooled["OPTIONS"]  # every thread's wrapper shares it
+    pool = db.settings_dict["OPTIONS"].get("pool")
+    if pool:  # psycopg_pool's own default: max_size = min_size = 4
+        options = pool if isinstance(pool, dict) else {}
+        size = options.get("max_size") or options.get("min_size", 4)
+        db.settings_dict[LEND] = threads > size
 
 
 def connection_release() -> None:
     """Give this thread's connection back to the pool before a wait outside the database (an
-    LLM, a tool, a backoff, an idle slot), so a run in flight holds a connection only while it
-    talks to the database. Nothing where there is no pool (SQLite; PostgreSQL with
-    ``RUNTIME_PG_POOL_SIZE=0``) or inside a transaction."""
+    LLM, a tool, a backoff, an idle slot), where runs lend their connections
+    (``connection_pool_start``), so a run in flight holds one only while it talks to the
+    database. Nothing elsewhere (SQLite; no pool; a pool with a connection for every thread)
+    or inside a transaction."""
     db = connections[DEFAULT_DB_ALIAS]
-    if db.connection is not None and not db.in_atomic_block \
-            and db.settings_dict["OPTIONS"].get("pool"):
+    if db.settings_dict.get(LEND) and db.connection is not None and not db.in_atomic_block:
         db.close()
 
 

@@ -117,7 +117,8 @@ class Worker:
         """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code:
         0, or 3 when the database speaks another protocol (nothing is claimed)."""
         self.pinned = cpu_pin(self.cpu)  # before any thread of the worker's starts
-        connection_pool_start()  # runs in flight borrow PostgreSQL connections, not own them
+        # Runs in flight borrow PostgreSQL connections, not own them: main, keeper, sender.
+        connection_pool_start(self.concurrency + 3)
         db = connections[DEFAULT_DB_ALIAS]
         if isinstance(db, QueuedSQLite) and not db.is_in_memory_db():
             self._checkpointer = Checkpointer()

@@ -24,6 +24,7 @@ from runtime import (
 from runtime.agents import Agent, registry
 from runtime.audit import verify
 from runtime.crashpoints import CrashPoint
+from runtime.dbnet import DEFAULT_POOL_SIZE
 from runtime.driver import Driver
 from runtime.errors import RunNotResumable, SimulatedCrash
 from runtime.instrument import PgTrace, SqliteCounter
@@ -293,7 +294,7 @@ def test_a_run_holds_no_pooled_connection_while_it_waits_on_the_llm_or_a_tool(ed
     before each outside call, so runs in flight need not fit in the server's connections;
     without a pool (SQLite) the thread keeps its connection."""
     assert "pool" not in connection.settings_dict["OPTIONS"]  # the console's: one per request
-    connection_pool_start()  # what a worker does as it starts
+    connection_pool_start(DEFAULT_POOL_SIZE + 1)  # a worker with more threads than connections
     pooled = bool(connection.settings_dict["OPTIONS"].get("pool"))
     assert pooled == (connection.vendor == "postgresql")
     held: list[tuple[str, bool]] = []

@@ -308,6 +308,12 @@ def _connections_to(pid: int, port: int) -> int:
     return count
 
 
+def _entered_pids(tmp_path) -> list[str]:
+    """The pid each ``slow_read`` that has announced itself wrote (a file still empty is one
+    being written: not yet counted)."""
+    return [pid for p in tmp_path.glob("entered-slow_read-*") if (pid := p.read_text())]
+
+
 def test_one_worker_holds_256_runs_in_flight_at_once(edb, tmp_path, spawn):
     """``--concurrency 256``: every run is in its tool at the same moment, in one process; on
     PostgreSQL the runs waiting outside the database hold no connection of the server's."""
@@ -315,12 +321,11 @@ def test_one_worker_holds_256_runs_in_flight_at_once(edb, tmp_path, spawn):
         runs = [start("slow", {}) for _ in range(256)]
     worker = spawn("--burst", "--concurrency", "256")
     try:
-        entered = wait_until(lambda: (found := list(tmp_path.glob("entered-slow_read-*")))
-                             and len(found) == 256 and found, timeout=120,
-                             what="256 runs in their tool")
+        entered = wait_until(lambda: len(pids := _entered_pids(tmp_path)) == 256 and pids,
+                             timeout=120, what="256 runs in their tool")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the worker said: {worker.output()[-1500:]}") from None
-    assert {p.read_text() for p in entered} == {str(worker.pid)}
+    assert set(entered) == {str(worker.pid)}
     assert Run.objects.filter(status="running").count() == 256
     if edb.is_postgres:
         # What the worker's pool lends at most, and its listener's own connection.
