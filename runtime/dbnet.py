@@ -81,7 +81,7 @@ def with_network_options(config: dict[str, Any], timeout: float | None = None) -
 
 
 def pool_size(environ: Mapping[str, str] = os.environ) -> int:
-    """``RUNTIME_PG_POOL_SIZE``: the most connections one process opens (0: no pool, a
+    """``RUNTIME_PG_POOL_SIZE``: the most connections a worker process opens (0: no pool, a
     connection per thread)."""
     raw = environ.get("RUNTIME_PG_POOL_SIZE", "").strip()
     try:

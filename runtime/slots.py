@@ -62,8 +62,9 @@ class Wakeup:
 
 class Slot:
     """One of a worker's ``concurrency`` executor threads. It lives as long as the worker, so
-    a run costs no thread; it keeps its database connection, or on PostgreSQL borrows one from
-    the pool only while its run talks to the database (``store.connection_release``)."""
+    a run costs no thread. It keeps its database connection, unless the worker has more threads
+    than its PostgreSQL pool has connections: then it borrows one only while its run talks to
+    the database (``store.connection_release``)."""
 
     def __init__(self, worker: Worker, number: int) -> None:
         self.worker = worker
