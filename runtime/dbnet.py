@@ -109,3 +109,14 @@ def with_pool(config: dict[str, Any], size: int | None = None,
     wait = network_timeout() if timeout is None else timeout
     pool = {"min_size": 1, "max_size": size, "timeout": wait}
     return {**config, "OPTIONS": {**options, "pool": pool}}
+
+
+def pool_capacity(config: dict[str, Any]) -> int | None:
+    """The most connections a ``DATABASES`` entry's pool opens (``None``: no pool), by
+    psycopg_pool's own defaults where the entry leaves them out (``max_size`` = ``min_size`` =
+    4)."""
+    pool = (config.get("OPTIONS") or {}).get("pool")
+    if not pool:
+        return None
+    options = pool if isinstance(pool, dict) else {}
+    return options.get("max_size") or options.get("min_size", 4)

@@ -30,7 +30,7 @@ from django.db.models import BooleanField, ExpressionWrapper, JSONField, Q, Valu
 from .anchors import run_creation_append_in_tx
 from .audit import EventSpec, build_events, insert_events, log_events
 from .canonical import check_payload
-from .dbnet import with_pool
+from .dbnet import pool_capacity, with_pool
 from .engines import Committed, Refused, engine
 from .errors import ApprovalConflict, LeaseLost
 from .models import Run, RunStatus, Step
@@ -197,11 +197,9 @@ def connection_pool_start(threads: int) -> None:
     if pooled is not db.settings_dict:
         db.close()  # opened before the pool: closed, not lent
         db.settings_dict["OPTIONS"] = pooled["OPTIONS"]  # every thread's wrapper shares it
-    pool = db.settings_dict["OPTIONS"].get("pool")
-    if pool:  # psycopg_pool's own default: max_size = min_size = 4
-        options = pool if isinstance(pool, dict) else {}
-        size = options.get("max_size") or options.get("min_size", 4)
-        db.settings_dict[LEND] = threads > size
+    capacity = pool_capacity(db.settings_dict)
+    if capacity is not None:
+        db.settings_dict[LEND] = threads > capacity
 
 
 def connection_release() -> None:
