@@ -4,18 +4,18 @@
 import os
 import sys
 
+from django.core.management import execute_from_command_line
+
+from runtime.host.files import restrict_umask
+
 
 def main() -> None:
     # Before settings make var/: whatever this process and its children (workers, gunicorn,
     # collectstatic, the demo's world) create is private to this account. The database, its
-    # lock, the secret key and var/ are created 0600/0700 anyway (runtime/files.py); this
+    # lock, the secret key and var/ are created 0600/0700 anyway (runtime.host.files); this
     # covers everything else. RUNTIME_UMASK=027 (say) chooses another umask.
-    from runtime.files import restrict_umask
-
     restrict_umask()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    from django.core.management import execute_from_command_line
-
     execute_from_command_line(sys.argv)
 
 

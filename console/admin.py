@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from .models import ApiToken
+from console.models import ApiToken
 
 
 @admin.register(ApiToken)

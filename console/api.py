@@ -5,7 +5,7 @@ django-ninja builds the OpenAPI schema (``/api/openapi.json``) from the typed sc
 Callers authenticate with a per-user token in ``Authorization: Bearer``, never a cookie: a
 session alone authenticates nothing here, so there is no CSRF to forge. Every error is
 ``{"code", "message", ...}`` with a stable ``code`` (``ERROR_CODES``). Decisions and starts
-go through ``runtime.approvals`` and ``runtime.api``; reads through ``runtime.selectors``.
+go through ``runtime.approvals`` and ``runtime.loop.control``; reads through ``runtime.selectors``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
-from runtime import approvals, selectors
-from runtime.api import start
+from console.models import ApiToken, IdempotentRequest, hash_token
+from console.permissions import DECIDE, VIEW
+from runtime import selectors
+from runtime.approvals import decisions as approvals
 from runtime.canonical import check_payload, digest, parse_json
 from runtime.errors import (
     ApprovalConflict,
@@ -40,10 +42,8 @@ from runtime.errors import (
     InvalidPayload,
     UnknownAgent,
 )
+from runtime.loop.control import start
 from runtime.models import Approval, ApprovalStatus, Event, Run, Step
-
-from .models import ApiToken, IdempotentRequest, hash_token
-from .permissions import DECIDE, VIEW
 
 START = "runtime.add_run"  # Django's default "add" permission of the Run model
 STEPS_SHOWN = 50  # a run's or an approval's latest steps; the events endpoint pages all

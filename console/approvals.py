@@ -16,17 +16,17 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from runtime import approvals, selectors
+from console import wording
+from console.forms import DECISION_FORMS, DecisionForm
+from console.permissions import DECIDE as DECIDE_PERMISSION
+from console.permissions import viewing
+from console.render import no_change, page, unchanged
+from console.runs import agent_note, known_agents
+from console.wording import kind_word
+from runtime import selectors
+from runtime.approvals import decisions as approvals
 from runtime.errors import ApprovalConflict, FourEyesViolation, InvalidDecision
 from runtime.models import Approval, ApprovalKind, ApprovalStatus
-
-from . import wording
-from .forms import DECISION_FORMS, DecisionForm
-from .permissions import DECIDE as DECIDE_PERMISSION
-from .permissions import viewing
-from .render import no_change, page, unchanged
-from .runs import agent_note, known_agents
-from .wording import kind_word
 
 QUEUE_LIMIT = 200
 TIMELINE_STEPS = 20  # the steps up to the approval's own shown on its page; the run has all

@@ -7,9 +7,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from runtime.approvals import pending
-
-from .permissions import VIEW
+from console.permissions import VIEW
+from runtime.selectors.approvals import pending
 
 
 def console(request: HttpRequest) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from django import forms
 from runtime.canonical import check_payload, parse_json
 from runtime.errors import InvalidPayload
 from runtime.models import Schedule
-from runtime.schedules import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS
+from runtime.schedules.timing import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS
 
 NOTE_MAX = 2000
 

@@ -12,15 +12,15 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from runtime import api, selectors
-from runtime.agents import registry
+from console.forms import CancelRunForm
+from console.permissions import CANCEL as CANCEL_PERMISSION
+from console.permissions import viewing
+from console.render import no_change, page, unchanged
+from runtime import selectors
+from runtime.agents.agent import registry
 from runtime.errors import RunNotFound, RunNotResumable
+from runtime.loop import control as api
 from runtime.models import Run, RunStatus
-
-from .forms import CancelRunForm
-from .permissions import CANCEL as CANCEL_PERMISSION
-from .permissions import viewing
-from .render import no_change, page, unchanged
 
 PAGE_SIZE = 50
 STEPS_SHOWN = 50  # a run's page shows its latest steps and events; the rest a click away

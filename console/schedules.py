@@ -3,7 +3,7 @@ enable or disable, turn the standing authorization off, remove) and the confirma
 turns the standing authorization on.
 
 Changes go through ``runtime.schedules`` only, each with the person's username; reads go
-through ``runtime.selectors_schedules``. This module never writes a runtime table.
+through ``runtime.selectors.schedules``. This module never writes a runtime table.
 """
 
 from __future__ import annotations
@@ -18,21 +18,20 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
-from runtime import schedules
-from runtime import selectors_schedules as selectors
-from runtime.clock import SYSTEM_CLOCK
-from runtime.errors import InvalidSchedule, ScheduleNotFound
-from runtime.models import Schedule
-
-from .forms import (
+from console.forms import (
     AuthorizeScheduleForm,
     RemoveScheduleForm,
     ScheduleCreateForm,
     ScheduleEditForm,
 )
-from .permissions import MANAGE_SCHEDULE, require_manage, viewing_schedules
-from .render import page
-from .runs import known_agents
+from console.permissions import MANAGE_SCHEDULE, require_manage, viewing_schedules
+from console.render import page
+from console.runs import known_agents
+from runtime.clock import SYSTEM_CLOCK
+from runtime.errors import InvalidSchedule, ScheduleNotFound
+from runtime.models import Schedule
+from runtime.schedules import changes as schedules
+from runtime.selectors import schedules as selectors
 
 LIST_LIMIT = 200  # schedules on the list at most, by name
 RUNS_SHOWN = 20  # a schedule's page: its latest runs

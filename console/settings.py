@@ -10,8 +10,8 @@ from pathlib import Path
 
 import dj_database_url
 
-from runtime.dbnet import with_network_options
-from runtime.files import private_dir, secret_key_file
+from runtime.host.files import private_dir, secret_key_file
+from runtime.storage.postgres.network import with_network_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
@@ -127,11 +127,11 @@ def _database() -> dict:
         # Writers queue on a flock instead of sleeping in SQLite's busy handler (the runtime's
         # backend, runtime/backends/sqlite3); RUNTIME_SQLITE_WRITER_QUEUE=0 turns that off.
         # The refusal of network file systems and the private file modes hold either way.
-        config["ENGINE"] = "runtime.backends.sqlite3"
+        config["ENGINE"] = "runtime.storage.sqlite"
         if os.environ.get("RUNTIME_SQLITE_WRITER_QUEUE", "1") == "0":
             config["OPTIONS"]["writer_queue"] = False
-    # PostgreSQL: every wait on a dead link bounded (runtime/dbnet.py); the URL's options win.
-    # A worker lends its threads connections from a pool (runtime.store.connection_pool_start).
+    # PostgreSQL: every wait on a dead link bounded (runtime.storage.postgres.network); the URL's
+    # options win. A worker's threads share a pool (runtime.storage.postgres.pool).
     return with_network_options(config)
 
 
@@ -281,7 +281,7 @@ RUNTIME = {
     "LLM_RETRIES": int(os.environ.get("RUNTIME_LLM_RETRIES", "3")),
     "LLM_RETRY_BASE_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_BASE_SECONDS", "1")),
     "LLM_RETRY_MAX_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_MAX_SECONDS", "30")),
-    # Notifications about approvals (runtime.outbox): channels, and the console link they carry.
+    # Notifications about approvals (runtime.notifications): channels, and the link they carry.
     "NOTIFY": [
         {"name": name, "kind": kind, "target": os.environ[var]}
         for name, kind, var in (("webhook", "webhook", "RUNTIME_NOTIFY_WEBHOOK"),

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-from . import api, approvals, runs, schedules, views, workers
+from console import api, approvals, runs, schedules, views, workers
 
 console_patterns = [
     path("", approvals.queue, name="queue"),

@@ -17,11 +17,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from console.permissions import viewing
+from console.render import page
 from runtime.models import Run, RunStatus, Worker
 from runtime.selectors import worker_live
-
-from .permissions import viewing
-from .render import page
 
 # The tabs, by their ``?show=`` value: live and recently dead (the default), dead longer ago.
 SHOW_CHOICES = ("", "old")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from demo import world
 from runtime import (
     Agent,
     Allow,
     FinalAnswer,
+    OpenAIChat,
     Request,
     RequireApproval,
     ScriptedLLM,
@@ -23,8 +25,6 @@ from runtime import (
     Transcript,
     tool,
 )
-
-from . import world
 
 REFUND_APPROVAL_CENTS = int(os.environ.get("RUNTIME_DEMO_APPROVAL_CENTS", "15000"))
 
@@ -90,7 +90,6 @@ SYSTEM_PROMPT = (
 
 def _llm() -> Any:
     if os.environ.get("RUNTIME_DEMO_LLM", "scripted") == "openai":
-        from runtime import OpenAIChat
 
         return OpenAIChat.from_env(system_prompt=SYSTEM_PROMPT)
     return ScriptedLLM(scripted_refund_desk)

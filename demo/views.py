@@ -18,11 +18,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from console.permissions import viewing
+from demo import world
 from runtime.canonical import parse_json
 from runtime.errors import InvalidPayload
 from runtime.models import Approval, Step
-
-from . import world
 
 # The run a key names: the runtime makes every step's key as run<id>-step<index>-<random>
 # (runtime/execution.py). Only used to find the step along the (run, index) index; a step

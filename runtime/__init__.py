@@ -6,8 +6,21 @@ The public API is small; everything here can be imported before Django's apps ar
 
 from typing import Any
 
-from .agents import Agent, Budget
-from .errors import (
+from runtime.agents.agent import Agent, Budget
+from runtime.agents.llm import (
+    LLM,
+    FinalAnswer,
+    LLMResponse,
+    ScriptedLLM,
+    ToolCall,
+    Transcript,
+    Usage,
+)
+from runtime.agents.openai import OpenAIChat
+from runtime.agents.policy import Allow, Deny, Request, RequireApproval
+from runtime.agents.reconcile import Complete, Conflict, Continue, ReconcileView, Wait
+from runtime.agents.tools import ToolContext, tool
+from runtime.errors import (
     ApprovalConflict,
     BudgetExceeded,
     FourEyesViolation,
@@ -25,11 +38,6 @@ from .errors import (
     ToolNotRegistered,
     UnknownAgent,
 )
-from .llm import LLM, FinalAnswer, LLMResponse, ScriptedLLM, ToolCall, Transcript, Usage
-from .openai import OpenAIChat
-from .policy import Allow, Deny, Request, RequireApproval
-from .reconcile import Complete, Conflict, Continue, ReconcileView, Wait
-from .tools import ToolContext, tool
 
 __all__ = [
     "LLM",
@@ -76,21 +84,21 @@ __all__ = [
 
 
 def start(agent_name: str, input: Any, created_by: str = "", **kw: Any) -> Any:
-    """Create a queued run; see ``runtime.api.start``."""
-    from .api import start as _start
+    """Create a queued run; see ``runtime.loop.control.start``."""
+    from runtime.loop.control import start as _start
 
     return _start(agent_name, input, created_by, **kw)
 
 
 def resume(run_id: int, owner: str | None = None, **kw: Any) -> Any:
-    """Execute a run until it pauses or ends; see ``runtime.api.resume``."""
-    from .api import resume as _resume
+    """Execute a run until it pauses or ends; see ``runtime.loop.control.resume``."""
+    from runtime.loop.control import resume as _resume
 
     return _resume(run_id, owner, **kw)
 
 
 def cancel(run_id: int, by: str, reason: str = "", **kw: Any) -> Any:
-    """Cancel a queued or waiting run; see ``runtime.api.cancel``."""
-    from .api import cancel as _cancel
+    """Cancel a queued or waiting run; see ``runtime.loop.control.cancel``."""
+    from runtime.loop.control import cancel as _cancel
 
     return _cancel(run_id, by, reason, **kw)

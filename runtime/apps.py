@@ -2,6 +2,8 @@
 
 from django.apps import AppConfig
 
+from runtime import checks  # noqa: F401 - registers the system checks
+
 
 class RuntimeConfig(AppConfig):
     name = "runtime"
@@ -9,4 +11,10 @@ class RuntimeConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from runtime import checks  # noqa: F401 - registers the system checks
+        # The notifications feature plugs into storage here: storage sends ``approval_written``
+        # inside the transaction that writes an approval, and the outbox adds its rows to it.
+        # Imported once the models are: an import at the top would load them too early.
+        from runtime.notifications.outbox import outbox_on_approval_written  # app registry
+        from runtime.storage.approval_rows import approval_written  # app registry
+
+        approval_written.connect(outbox_on_approval_written, dispatch_uid="runtime.outbox")

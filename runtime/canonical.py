@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 
-from .errors import InvalidPayload
+from runtime.errors import InvalidPayload
 
 # The canonical form's encoder, made once: ``json.dumps`` with these options builds an encoder
 # and its C scanner on every call, which cost more than encoding a step's small payloads (a

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 
-from runtime import files
+from runtime.host import files
 
 
 def sqlite_databases(databases: Mapping[str, Mapping[str, Any]]) -> list[Path]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from .errors import SimulatedCrash
+from runtime.errors import SimulatedCrash
 
 
 class CrashPoint(StrEnum):

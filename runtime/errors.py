@@ -235,3 +235,8 @@ class ScheduleNotFound(AgentRuntimeError):
     def __init__(self, schedule_id: Any) -> None:
         self.schedule_id = schedule_id
         super().__init__(f"no schedule with id {schedule_id!r}")
+
+
+def one_line(exc: BaseException) -> str:
+    """An error on one line of a log, at most 300 characters."""
+    return " ".join(str(exc).split())[:300] or type(exc).__name__

@@ -159,12 +159,12 @@ def clock():
 def spawn(edb: EngineDB, tmp_path: Path) -> Iterator:
     """Start real worker processes on this test's database (either engine); each is ended by
     its pid after."""
-    from tests.procs import WorkerProcess
+    from tests.procs import SpawnedWorker
 
-    started: list[WorkerProcess] = []
+    started: list[SpawnedWorker] = []
 
-    def start(*args: str, **kw) -> WorkerProcess:
-        proc = WorkerProcess(edb, tmp_path, *args, **kw)
+    def start(*args: str, **kw) -> SpawnedWorker:
+        proc = SpawnedWorker(edb, tmp_path, *args, **kw)
         started.append(proc)
         return proc
 

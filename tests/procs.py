@@ -27,7 +27,7 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30, what: str =
         time.sleep(0.02)
 
 
-class WorkerProcess:
+class SpawnedWorker:
     """``manage.py runworker`` in a subprocess, its stderr kept in a file. ``db`` is a SQLite
     file (``Path``), a database URL, or a test's ``edb``."""
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runtime.agents import Agent, Budget
-from runtime.llm import FinalAnswer, ScriptedLLM, ToolCall, Transcript
-from runtime.policy import Allow, PolicyDecision, Request, RequireApproval
-from runtime.tools import tool
+from runtime.agents.agent import Agent, Budget
+from runtime.agents.llm import FinalAnswer, ScriptedLLM, ToolCall, Transcript
+from runtime.agents.policy import Allow, PolicyDecision, Request, RequireApproval
+from runtime.agents.tools import tool
 
 STEPS = 10  # tool steps per bench run (then one final answer)
 

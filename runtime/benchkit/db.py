@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from runtime import protocol
+from runtime.storage import protocol
 
 
 def point_default_at(path: Path | str) -> None:
@@ -74,7 +75,6 @@ def use_database(config: dict[str, Any]) -> None:
     conf.clear()
     conf.update(copy.deepcopy(config))
     connections.configure_settings({DEFAULT_DB_ALIAS: conf})  # Django's defaults, in place
-    from django.contrib.contenttypes.models import ContentType
 
     ContentType.objects.clear_cache()  # ids differ between databases migrated apart
     protocol.forget()
@@ -83,5 +83,5 @@ def use_database(config: dict[str, Any]) -> None:
 def sqlite_config(path: Path) -> dict[str, Any]:
     """Settings for a SQLite file opened as the runtime opens its own (its backend, the
     project's PRAGMAs from ``settings.SQLITE_OPTIONS``)."""
-    return {"ENGINE": "runtime.backends.sqlite3", "NAME": str(path),
+    return {"ENGINE": "runtime.storage.sqlite", "NAME": str(path),
             "OPTIONS": dict(getattr(settings, "SQLITE_OPTIONS", {}))}

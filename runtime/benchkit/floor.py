@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .ceiling import scratch
+from runtime.benchkit.ceiling import scratch
 
 _STEP_INSERT = ('INSERT INTO "runtime_step" ("run_id", "index", "status", "tool", "arguments", '
                 '"effect", "idempotency_key", "result", "error", "attempt", "dispatches", '

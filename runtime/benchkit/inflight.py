@@ -46,12 +46,11 @@ from typing import Any
 
 from django.db.models import Max, Min
 
+from runtime.benchkit.agents import WAIT_SECONDS, WAIT_TOOL_CALLS
+from runtime.benchkit.db import point_default_at
+from runtime.benchkit.steps import create_runs
+from runtime.benchkit.workers import LOCKED, WorkerProc, group_use, pct, writer_use
 from runtime.models import Event, Run
-
-from .agents import WAIT_SECONDS, WAIT_TOOL_CALLS
-from .db import point_default_at
-from .procs import LOCKED, WorkerProc, group_use, pct, writer_use
-from .steps import create_runs
 
 STEPS_PER_RUN = WAIT_TOOL_CALLS + 1  # tool steps, then the final answer's step
 # (default, --quick)

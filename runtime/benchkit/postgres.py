@@ -23,11 +23,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import DEFAULT_DB_ALIAS
 
-from . import procs
-from .ceiling import ceiling as sqlite_ceiling
-from .db import sqlite_config, use_database
-from .floor import cpu_scaling
-from .steps import durable_steps
+from runtime.benchkit import workers as procs
+from runtime.benchkit.ceiling import ceiling as sqlite_ceiling
+from runtime.benchkit.db import sqlite_config, use_database
+from runtime.benchkit.floor import cpu_scaling
+from runtime.benchkit.steps import durable_steps
 
 PROCESSES = (1, 2, 4)
 

@@ -19,9 +19,9 @@ from django.db import connection
 from django.db.models import Model
 from django.db.models.query import RawQuerySet
 
-from runtime.approvals import pending
-from runtime.claims import runnable
+from runtime.leasing.claims import runnable
 from runtime.models import Approval, Run, Step
+from runtime.selectors.approvals import pending
 
 AGENTS = ("bench_read", "bench_write", "hello", "refunds")
 OPEN = 25  # waiting runs with a pending approval, and as many queued runs, in every size
@@ -130,7 +130,7 @@ def _failed(pk: int) -> bool:
 
 def _queries() -> dict[str, Callable[[], Any]]:
     """The queries measured: what the worker and the console run, through the same code (a
-    claim tries its two queries in turn, ``runtime.claims.runnable``)."""
+    claim tries its two queries in turn, ``runtime.leasing.claims.runnable``)."""
     return {
         "claim: expired leases": lambda: runnable()[0],
         "claim: queued, oldest first": lambda: runnable()[1],

@@ -1,6 +1,7 @@
 """Durable steps in process: one driver, concurrency 1, zero-latency LLM, no-op tools.
 
-Commits and statements are counted on the connection (``runtime.instrument``), not assumed.
+Commits and statements are counted on the connection (``runtime.storage.sqlite.instrument``), not
+assumed.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from runtime.agents import registry
+from runtime.agents.agent import registry
+from runtime.benchkit.agents import AGENTS
 from runtime.clock import SYSTEM_CLOCK
-from runtime.driver import Driver
-from runtime.instrument import PgTrace, SqliteCounter
-from runtime.lease import LeaseKeeper
-from runtime.store import run_create
-
-from .agents import AGENTS
+from runtime.leasing.heartbeat import LeaseKeeper
+from runtime.loop.driver import Driver
+from runtime.storage.postgres.instrument import PgTrace
+from runtime.storage.runs import run_create
+from runtime.storage.sqlite.instrument import SqliteCounter
 
 
 def create_runs(agent: str, count: int, steps: int | None = None, batch: int = 500) -> list[int]:

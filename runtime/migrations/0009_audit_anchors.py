@@ -4,7 +4,7 @@ protocol becomes 3 (creating a run now writes its creation entry)."""
 
 from django.db import migrations, models
 
-from runtime.anchors import creation_hash
+from runtime.storage.creations import creation_hash
 
 TABLES = ("runtime_runcreation", "runtime_auditcheckpoint")
 

@@ -22,14 +22,14 @@ Example (pytest, with your agent's tools recording calls in ``ledger``)::
     kit.check()                              # raises InvariantViolation, naming the evidence
 """
 
-from ..crashpoints import CrashPoint
-from ..errors import CrashNotReached, InvariantViolation, SimulatedCrash
-from .inprocess import InProcessKit
-from .invariants import Report, Violation, check_invariants
-from .ledger import Ledger
-from .operator import APPROVE, REJECT, Decision, decide, resolve_with
-from .process import Exited, ProcessKit
-from .reached import Crash, Reached
+from runtime.crashpoints import CrashPoint
+from runtime.errors import CrashNotReached, InvariantViolation, SimulatedCrash
+from runtime.testkit.inprocess_kit import InProcessKit
+from runtime.testkit.invariants import Report, Violation, check_invariants
+from runtime.testkit.ledger import Ledger
+from runtime.testkit.operator import APPROVE, REJECT, Decision, decide, resolve_with
+from runtime.testkit.process_kit import Exited, ProcessKit
+from runtime.testkit.reached import Crash, Reached
 
 __all__ = [
     "APPROVE", "REJECT", "Crash", "CrashNotReached", "CrashPoint", "Decision", "Exited",

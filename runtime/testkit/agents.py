@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import (
+from runtime import (
     Agent,
     Complete,
     Conflict,
@@ -30,8 +30,8 @@ from .. import (
     Wait,
     tool,
 )
-from ..policy import Allow, Request
-from .ledger import Ledger
+from runtime.agents.policy import Allow, Request
+from runtime.testkit.ledger import Ledger
 
 
 def ledger() -> Ledger:

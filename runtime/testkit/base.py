@@ -9,12 +9,14 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..clock import SYSTEM_CLOCK
-from ..models import Approval
-from .invariants import Report, check_invariants
-from .ledger import Ledger
-from .operator import Decision, decide, operate
-from .reached import Reached
+from runtime.clock import SYSTEM_CLOCK
+from runtime.models import Approval
+from runtime.schedules.changes import schedule_authorize, schedule_create
+from runtime.schedules.firing import schedules_fire_due
+from runtime.testkit.invariants import Report, check_invariants
+from runtime.testkit.ledger import Ledger
+from runtime.testkit.operator import Decision, decide, operate
+from runtime.testkit.reached import Reached
 
 
 class Kit:
@@ -34,7 +36,6 @@ class Kit:
         before it fired (design §10), and return its id. Each call makes its own hourly
         schedule, created an hour ago so it is due now: the run stays within its period for
         the whole of a test."""
-        from ..schedules import schedule_authorize, schedule_create, schedules_fire_due
 
         with self.agents_registered():
             earlier = (self.now() or SYSTEM_CLOCK.now()) - timedelta(hours=1)

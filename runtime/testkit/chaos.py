@@ -19,15 +19,18 @@ from typing import Any
 
 from django.db import connection
 
-from ..crashpoints import OFF_STEP_POINTS, CrashPoint
-from ..errors import AgentRuntimeError
-from ..models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
-from ..procs import die_with_parent
-from ..store import DATABASE_FAULTS
-from .databases import Database, database_url
-from .invariants import Report, check_invariants
-from .ledger import Ledger
-from .operator import APPROVE, REJECT, Decision, decide, resolve_with
+from runtime.agents.agent import registry
+from runtime.crashpoints import OFF_STEP_POINTS, CrashPoint
+from runtime.errors import AgentRuntimeError
+from runtime.host.pids import die_with_parent
+from runtime.loop.control import start
+from runtime.models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
+from runtime.storage.faults import DATABASE_FAULTS
+from runtime.testkit.agents import AGENTS as KIT_AGENTS
+from runtime.testkit.databases import Database, database_url
+from runtime.testkit.invariants import Report, check_invariants
+from runtime.testkit.ledger import Ledger
+from runtime.testkit.operator import APPROVE, REJECT, Decision, decide, resolve_with
 
 AGENTS = "runtime.testkit.agents.AGENTS"
 KINDS = ["read", "charge", "send", "reconcile-check", "reconcile-wait", "reconcile-conflict",
@@ -141,9 +144,6 @@ class Chaos:
     # -- the moving parts -----------------------------------------------------------------------
 
     def _create_runs(self) -> None:
-        from ..agents import registry
-        from ..api import start
-        from .agents import AGENTS as KIT_AGENTS
 
         with registry.override(*KIT_AGENTS):
             for i in range(self.cfg.runs):

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import dj_database_url
+
 
 @runtime_checkable
 class HasURL(Protocol):
@@ -39,7 +41,6 @@ def _identity(config: Mapping[str, Any]) -> tuple[str, str, str, str]:
 
 def same_database(url: str, config: Mapping[str, Any]) -> bool:
     """True if ``url`` names the database ``config`` (a ``DATABASES`` entry) connects to."""
-    import dj_database_url
 
     mine, theirs = _identity(dj_database_url.parse(url)), _identity(config)
     if mine[0] != theirs[0] or mine[1] != theirs[1]:

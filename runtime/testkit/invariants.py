@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..audit import verify
-from ..clock import SYSTEM_CLOCK
-from ..errors import InvariantViolation
-from ..models import (
+from runtime.audit.chain import verify
+from runtime.clock import SYSTEM_CLOCK
+from runtime.errors import InvariantViolation
+from runtime.models import (
     Approval,
     ApprovalKind,
     ApprovalStatus,
@@ -26,7 +26,7 @@ from ..models import (
     Step,
     StepStatus,
 )
-from .reached import Reached
+from runtime.testkit.reached import Reached
 
 # An approval of these kinds authorizes one execution beyond the first; a policy approval
 # authorizes the first one.
@@ -188,7 +188,7 @@ def _nothing_in_flight(run: Run, steps: dict[int, Step], now: datetime) -> list[
 
 def _chain_and_replay(run: Run, db: str) -> list[Violation]:
     """6. Events gapless, hash chain intact, and replaying them gives the run's rows
-    (``runtime.replay``, the same check ``verifyaudit`` makes)."""
+    (``runtime.audit.replay``, the same check ``verifyaudit`` makes)."""
     checked = verify(run, using=db)
     if checked.ok:
         return []

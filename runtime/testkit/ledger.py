@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..tools import ToolContext
+from runtime.agents.tools import ToolContext
 
 
 class Ledger:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import approvals
-from ..models import Approval, ApprovalKind, ApprovalStatus
+from runtime.approvals import decisions as approvals
+from runtime.models import Approval, ApprovalKind, ApprovalStatus
 
 
 @dataclass(frozen=True)

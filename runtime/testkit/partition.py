@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..procs import die_with_parent
-from .chaos import Chaos, ChaosConfig, ChaosReport
-from .hosts import Cluster, DelayProxy, PgServer
+from runtime.host.pids import die_with_parent
+from runtime.testkit.chaos import Chaos, ChaosConfig, ChaosReport
+from runtime.testkit.hosts import Cluster, DelayProxy, PgServer
 
 FAULTS = ("partition", "pause", "pause-host", "slow", "skew", "kill", "db-restart")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..crashpoints import Arm, CrashPoint
+from runtime.crashpoints import Arm, CrashPoint
 
 
 @dataclass(frozen=True)

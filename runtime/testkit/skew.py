@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python runtime/testkit/skew.py SECONDS COMMAND [ARGS...]")
     offset = timedelta(seconds=float(argv[0]))
     sys.path.insert(0, os.getcwd())
-    from runtime.files import restrict_umask
+    from runtime.host.files import restrict_umask
 
     restrict_umask()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")

@@ -14,9 +14,9 @@ from django.db.backends.signals import connection_created
 from django.test import Client
 
 from runtime import Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, crashpoints, resume
-from runtime.agents import Agent, registry
-from runtime.api import start
+from runtime.agents.agent import Agent, registry
 from runtime.crashpoints import CrashPoint
+from runtime.loop.control import start
 from runtime.models import Approval, Run
 from tests import kit
 from tests.kit import Ledger, make_tools

@@ -13,8 +13,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from runtime import adminbase as runtime_admin
-from runtime.admin import (
+from runtime.admin import base as runtime_admin
+from runtime.admin.pages import (
     COUNT_CAP,
     ApprovalAdmin,
     BoundedCountPaginator,
@@ -22,8 +22,8 @@ from runtime.admin import (
     RunAdmin,
     StepAdmin,
 )
-from runtime.audit import EventSpec, build_events, insert_events
 from runtime.models import Approval, Event, Run, Step
+from runtime.storage.events import EventSpec, build_events, insert_events
 from tests.console.conftest import client_for, sql_log
 
 MODELS = ["event", "run", "step", "approval", "worker"]

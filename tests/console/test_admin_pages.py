@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django.utils.html import escape
 
-from runtime.admin import EventActorFilter
-from runtime.api import start
+from runtime.admin.pages import EventActorFilter
+from runtime.loop.control import start
 from runtime.models import Approval, Event, Run, Step, Worker
 from tests.console.conftest import client_for
 from tests.console.test_admin import append_events, plan

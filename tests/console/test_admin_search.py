@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runtime.admin import MAX_ID, run_id_term
+from runtime.admin.pages import MAX_ID, run_id_term
 from runtime.models import Approval, Event, Run, Step, Worker
 from tests.console.conftest import client_for
 

@@ -9,7 +9,7 @@ from html import unescape
 
 import pytest
 
-from runtime.agents import registry
+from runtime.agents.agent import registry
 from runtime.models import Approval, Event, Run, Step
 from runtime.testkit import Crash, CrashPoint, InProcessKit, Ledger
 from runtime.testkit import agents as kit_agents

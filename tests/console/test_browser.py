@@ -17,13 +17,13 @@ import pytest
 from django.test import Client
 from playwright.sync_api import expect
 
-from runtime.agents import registry
-from runtime.api import start
+from runtime.agents.agent import registry
+from runtime.loop.control import start
 from runtime.models import Approval, Step
 from tests.console.agents import AGENTS, RECIPIENT
 from tests.console.browser import AGENTS_ENV, shot, wait_for_run
 from tests.kit import Ledger
-from tests.procs import WorkerProcess, wait_until
+from tests.procs import SpawnedWorker, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ DECIDE = "runtime.decide_approval"
 class Interrupted:
     run_id: int
     approval_id: int
-    heir: WorkerProcess
+    heir: SpawnedWorker
     ledger: Ledger  # what the workers' `pay` tool wrote: the outside world's record
 
 

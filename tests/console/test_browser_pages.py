@@ -12,9 +12,9 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from runtime.agents import registry
-from runtime.api import start
+from runtime.agents.agent import registry
 from runtime.crashpoints import CrashPoint
+from runtime.loop.control import start
 from runtime.models import Approval, Run, Step, Worker
 from tests.console.browser import PHONE, shot
 from tests.console.conftest import PASSWORD, crash_then_take_over, pay_agent
@@ -224,7 +224,7 @@ def test_the_admin_shows_the_global_audit_chain_and_the_checkpoints(interrupted,
 
 def test_the_approval_page_shows_who_was_told(interrupted, people, log_in, settings, clock):
     from runtime.clock import ManualClock
-    from runtime.outbox import outbox_deliver_due
+    from runtime.notifications.delivery import outbox_deliver_due
 
     settings.RUNTIME = {**settings.RUNTIME, "NOTIFY": [
         {"name": "ops-hook", "kind": "webhook", "target": "http://127.0.0.1:9/hook"},

@@ -12,11 +12,12 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from runtime import Agent, Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, resume
-from runtime.agents import registry
-from runtime.api import start
+from runtime.agents.agent import registry
 from runtime.clock import ManualClock
+from runtime.loop.control import start
 from runtime.models import Approval, Schedule, ScheduleEvent
-from runtime.schedules import schedule_authorize, schedule_create, schedules_fire_due
+from runtime.schedules.changes import schedule_authorize, schedule_create
+from runtime.schedules.firing import schedules_fire_due
 from tests.console.agents import AGENTS
 from tests.console.browser import DESKTOP, PHONE, shot
 from tests.kit import Ledger, make_tools

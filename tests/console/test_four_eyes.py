@@ -1,12 +1,12 @@
-"""Four-eyes (settings RUNTIME["FOUR_EYES"]): whoever started a run may not approve or resolve
-its side effect. Enforced in runtime.approvals, so the console cannot bypass it; the console
+"""Four-eyes (settings RUNTIME["FOUR_EYES"]): whoever started a run may not approve or resolve its
+side effect. Enforced in runtime.approvals.decisions, so the console cannot bypass it; the console
 shows why, with 403."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.approvals import approve, reject, resolve
+from runtime.approvals.decisions import approve, reject, resolve
 from runtime.errors import FourEyesViolation
 from runtime.models import Approval, Run
 from tests.console.conftest import client_for

@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from runtime import approvals, resume
-from runtime.agents import registry
-from runtime.api import start
+from runtime import resume
+from runtime.agents.agent import registry
+from runtime.approvals import decisions as approvals
 from runtime.crashpoints import CrashPoint
 from runtime.errors import InvalidDecision
+from runtime.loop.control import start
 from runtime.models import Approval, Event, Run, Step
 from tests.console.conftest import client_for, crash_then_take_over, pay_agent
 from tests.console.test_approvals import decide, snapshot

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runtime import resume
-from runtime.api import start
+from runtime.loop.control import start
 from runtime.models import Approval, Event, Run, Step
 from tests.console.conftest import client_for
 from tests.console.test_approvals import HTMX, decide

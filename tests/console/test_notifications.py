@@ -7,7 +7,7 @@ import pytest
 
 from runtime.clock import ManualClock
 from runtime.models import Notification
-from runtime.outbox import outbox_deliver_due
+from runtime.notifications.delivery import outbox_deliver_due
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Runs list and run page (console/runs.py): filters, keyset pages without OFFSET, live lease
-partial, events in order, and cancel through ``runtime.api.cancel``."""
+partial, events in order, and cancel through ``runtime.loop.control.cancel``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from console.runs import PAGE_SIZE
-from runtime.api import start
+from runtime.loop.control import start
 from runtime.models import Event, Run
 from tests.console.conftest import sql_log
 

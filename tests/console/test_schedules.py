@@ -18,12 +18,13 @@ from django.db import connection
 from django.test import Client
 
 from runtime import Agent, Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, resume
-from runtime.agents import registry
-from runtime.api import start
-from runtime.approvals import approvals_expire
+from runtime.agents.agent import registry
+from runtime.approvals.expiry import approvals_expire
 from runtime.clock import ManualClock
+from runtime.loop.control import start
 from runtime.models import Approval, Run, Schedule, ScheduleEvent
-from runtime.schedules import schedule_authorize, schedule_create, schedules_fire_due
+from runtime.schedules.changes import schedule_authorize, schedule_create
+from runtime.schedules.firing import schedules_fire_due
 from tests.console.conftest import client_for, sql_log
 from tests.console.test_approvals import HTMX, decide, snapshot
 from tests.console.test_pages import clean, walk

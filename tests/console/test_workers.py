@@ -15,7 +15,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from console.workers import SHOWN, recent_window
-from runtime.api import start
+from runtime.loop.control import start
 from runtime.models import Run, Worker
 from tests.console.browser import shot
 

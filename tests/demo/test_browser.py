@@ -94,7 +94,7 @@ def test_a_notification_reaches_the_demo_chat_over_http(demo_world, log_in, serv
 
     from runtime.clock import ManualClock
     from runtime.models import Notification
-    from runtime.outbox import outbox_deliver_due
+    from runtime.notifications.delivery import outbox_deliver_due
 
     base = server.ready()
     settings.RUNTIME = {**settings.RUNTIME, "NOTIFY": [

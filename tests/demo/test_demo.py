@@ -14,8 +14,9 @@ from django.contrib.auth import get_user_model
 from django.db.utils import OperationalError
 
 from demo import world
-from runtime.approvals import approve, pending, resolve
+from runtime.approvals.decisions import approve, resolve
 from runtime.models import Approval, Run, Worker
+from runtime.selectors.approvals import pending
 from tests.procs import ROOT, wait_until
 
 

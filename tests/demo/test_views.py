@@ -16,8 +16,8 @@ from console.wording import status_word
 from demo import world
 from demo.agents import AGENTS
 from demo.views import origins
-from runtime.agents import registry
-from runtime.approvals import approve
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve
 from runtime.models import Approval, Step
 from runtime.testkit import Crash, CrashPoint, InProcessKit
 

@@ -20,14 +20,15 @@ from runtime import (
     resume,
     start,
 )
-from runtime.agents import registry
-from runtime.approvals import approve, pending, reject, resolve
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve, reject, resolve
+from runtime.audit.chain import verify
 from runtime.canonical import request_digest
 from runtime.clock import ManualClock
 from runtime.crashpoints import CrashPoint
 from runtime.errors import ApprovalConflict, InvalidDecision, RunNotResumable
 from runtime.models import Approval, Event, Run, Step
+from runtime.selectors.approvals import pending
 from tests.kit import (
     Ledger,
     crash_then_take_over,

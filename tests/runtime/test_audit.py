@@ -12,9 +12,10 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
 from runtime import FinalAnswer, ToolCall, resume, start
-from runtime.agents import registry
-from runtime.audit import EventSpec, verify
+from runtime.agents.agent import registry
+from runtime.audit.chain import verify
 from runtime.models import Event
+from runtime.storage.events import EventSpec
 from tests.kit import Ledger, make_agent
 
 ROOT = Path(__file__).resolve().parents[2]

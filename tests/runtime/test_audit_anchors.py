@@ -20,14 +20,16 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from runtime import Agent, Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, resume, start
-from runtime.agents import registry
-from runtime.anchors import creation_hash, creations_verify
-from runtime.approvals import approve
-from runtime.audit import event_hash
-from runtime.auditcheck import APPEND_ONLY_TABLES, expected_triggers, triggers_problems
-from runtime.checkpoint import checkpoint_load
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve
+from runtime.audit.check import triggers_problems
+from runtime.audit.checkpoint import checkpoint_load
+from runtime.audit.creations import creations_verify
 from runtime.errors import CheckpointRefused
 from runtime.models import Approval, AuditCheckpoint, Event, Run, RunCreation, Step
+from runtime.storage.creations import creation_hash
+from runtime.storage.events import event_hash
+from runtime.storage.triggers import APPEND_ONLY_TABLES, expected_triggers
 from tests.kit import Ledger, make_agent, make_tools
 
 pytestmark = pytest.mark.engines
@@ -341,7 +343,7 @@ def test_the_migration_enters_existing_runs_into_the_global_chain(runs):
 
 
 def test_verifyaudit_reads_runs_in_batches_and_misses_none(runs, monkeypatch):
-    monkeypatch.setattr("runtime.auditcheck._BATCH", 3)  # 4 runs: a full batch and a short one
+    monkeypatch.setattr("runtime.audit.check._BATCH", 3)  # 4 runs: a full batch and a short one
     Approval.objects.filter(run_id=runs[3].pk).update(decided_by="mallory")
     Step.objects.filter(run_id=runs[0].pk, index=1).update(result={"forged": True})
     err = io.StringIO()

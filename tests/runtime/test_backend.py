@@ -18,9 +18,9 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.utils import ConnectionHandler
 
-from runtime import files
-from runtime.backends.sqlite3.base import DatabaseWrapper
+from runtime.host import files
 from runtime.models import Worker
+from runtime.storage.sqlite.base import DatabaseWrapper
 from tests.kit import Background
 from tests.procs import wait_until
 
@@ -44,7 +44,7 @@ def _lock_is_free(db: Path) -> bool:
 @pytest.fixture
 def busy_tries(monkeypatch) -> list[int]:
     """Counts the backend's tries that found the writer lock taken (each appends 1)."""
-    import runtime.backends.sqlite3.base as backend
+    import runtime.storage.sqlite.base as backend
 
     found: list[int] = []
 
@@ -122,7 +122,7 @@ class _WatchedLock:
 
 
 def test_a_second_writer_thread_waits_and_goes_when_the_first_commits(rdb, monkeypatch):
-    import runtime.backends.sqlite3.base as backend
+    import runtime.storage.sqlite.base as backend
 
     watched = _WatchedLock()
     monkeypatch.setitem(backend._process_locks, os.path.abspath(f"{rdb}.writer"), watched)

@@ -11,16 +11,16 @@ from contextlib import closing
 
 import pytest
 
-from runtime.agents import registry
+from runtime.agents.agent import registry
 from runtime.benchkit import pages as page_bench
 from runtime.benchkit.agents import AGENTS
 from runtime.benchkit.inflight import paired_ratios
 from runtime.benchkit.steps import create_runs
-from runtime.driver import Driver
-from runtime.instrument import SqliteCounter
-from runtime.lease import LeaseKeeper
+from runtime.leasing.heartbeat import LeaseKeeper
+from runtime.loop.driver import Driver
 from runtime.models import Step
-from runtime.protocol import protocol_check
+from runtime.storage.protocol import protocol_check
+from runtime.storage.sqlite.instrument import SqliteCounter
 from tests.procs import ROOT
 
 SECTIONS = {"machine", "ceiling", "floor", "cpu_scaling", "steps", "concurrency", "writer_limit",

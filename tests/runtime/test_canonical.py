@@ -8,8 +8,8 @@ import json
 import pytest
 
 from runtime import start
-from runtime.agents import registry
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.audit.chain import verify
 from runtime.canonical import check_payload, dumps
 from runtime.errors import InvalidPayload
 from runtime.models import Event, Run

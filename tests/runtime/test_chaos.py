@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from runtime import start
-from runtime.agents import registry
+from runtime.agents.agent import registry
 from runtime.models import TERMINAL_RUN_STATUSES, Run
 from runtime.testkit.agents import AGENTS
 from tests.procs import ROOT

@@ -1,5 +1,5 @@
-"""runtime.checkpointer: a worker checkpoints the WAL from a thread of its own, beside the
-writers rather than inside one of their commits, and keeps the WAL bounded."""
+"""runtime.storage.sqlite.checkpointer: a worker checkpoints the WAL from a thread of its own,
+beside the writers rather than inside one of their commits, and keeps the WAL bounded."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from django.db import connection
 
 from runtime import start
-from runtime.agents import registry
-from runtime.checkpointer import Checkpointer
+from runtime.agents.agent import registry
 from runtime.models import Run
 from runtime.models import Worker as WorkerRow
+from runtime.storage.sqlite.checkpointer import Checkpointer
 from tests import agents
 from tests.kit import Background
 

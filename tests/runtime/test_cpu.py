@@ -12,7 +12,7 @@ import threading
 import pytest
 from django.core.management import CommandError, call_command
 
-from runtime.cpu import cpu_claim, cpu_pin, parse_cpu
+from runtime.host.cpu import cpu_claim, cpu_pin, parse_cpu
 
 
 def test_cpu_values_are_auto_off_or_a_number_and_anything_else_is_refused():

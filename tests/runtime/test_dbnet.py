@@ -1,10 +1,11 @@
-"""runtime.dbnet: the bounds on every wait a PostgreSQL connection makes on the network."""
+"""runtime.storage.postgres.network: the bounds on every wait a PostgreSQL connection makes on the
+network."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.dbnet import (
+from runtime.storage.postgres.network import (
     DEFAULT_POOL_SIZE,
     network_timeout,
     pool_size,
@@ -47,7 +48,7 @@ def test_a_timeout_out_of_bounds_is_refused(seconds):
 
 
 def test_only_postgresql_is_touched():
-    sqlite = {"ENGINE": "runtime.backends.sqlite3", "NAME": "x", "OPTIONS": {"timeout": 5}}
+    sqlite = {"ENGINE": "runtime.storage.sqlite", "NAME": "x", "OPTIONS": {"timeout": 5}}
     assert with_network_options(sqlite) is sqlite
     config = with_network_options(PG, 20)
     assert config["OPTIONS"]["tcp_user_timeout"] == 20000 and PG["OPTIONS"] == {}
@@ -72,7 +73,7 @@ def test_a_postgresql_entry_gets_a_pool_of_the_size_asked():
     config = with_pool(PG, 32, 7)
     assert config["OPTIONS"]["pool"] == {"min_size": 1, "max_size": 32, "timeout": 7}
     assert PG["OPTIONS"] == {}  # a new entry; the one given is unchanged
-    sqlite = {"ENGINE": "runtime.backends.sqlite3", "NAME": "x", "OPTIONS": {}}
+    sqlite = {"ENGINE": "runtime.storage.sqlite", "NAME": "x", "OPTIONS": {}}
     assert with_pool(sqlite, 32, 7) is sqlite
 
 

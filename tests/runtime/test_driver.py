@@ -21,17 +21,18 @@ from runtime import (
     start,
     tool,
 )
-from runtime.agents import Agent, registry
-from runtime.audit import verify
+from runtime.agents.agent import Agent, registry
+from runtime.audit.chain import verify
 from runtime.crashpoints import CrashPoint
-from runtime.dbnet import DEFAULT_POOL_SIZE
-from runtime.driver import Driver
 from runtime.errors import RunNotResumable, SimulatedCrash
-from runtime.instrument import PgTrace, SqliteCounter
-from runtime.lease import LeaseKeeper
+from runtime.leasing.heartbeat import LeaseKeeper
+from runtime.loop.driver import Driver
 from runtime.models import Event, Run, Step
-from runtime.protocol import protocol_check
-from runtime.store import connection_pool_start
+from runtime.storage.postgres.instrument import PgTrace
+from runtime.storage.postgres.network import DEFAULT_POOL_SIZE
+from runtime.storage.postgres.pool import connection_pool_start
+from runtime.storage.protocol import protocol_check
+from runtime.storage.sqlite.instrument import SqliteCounter
 from tests.kit import Ledger, events_of, make_agent
 
 pytestmark = pytest.mark.engines
@@ -56,7 +57,8 @@ def _count(tmp_path, name: str, call: ToolCall, steps: int) -> SqliteCounter | P
     return counter
 
 
-# Synced commits are counted by SQLite's trace callback (runtime.instrument): SQLite alone.
+# Synced commits are counted by SQLite's trace callback (runtime.storage.sqlite.instrument):
+# SQLite alone.
 @pytest.mark.engines("sqlite")
 @pytest.mark.parametrize(("call", "per_step"), [
     (ToolCall("read", {"key": "k"}), 2),

@@ -1,10 +1,10 @@
-"""``runtime.execution``: what it builds for the loop's commits."""
+"""``runtime.loop.execution``: what it builds for the loop's commits."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from runtime.execution import new_step
+from runtime.loop.execution import new_step
 from runtime.models import Step, StepStatus
 
 

@@ -21,9 +21,10 @@ from runtime import (
     resume,
     start,
 )
-from runtime.agents import registry
-from runtime.approvals import approvals_expire, approve, reject
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve, reject
+from runtime.approvals.expiry import approvals_expire
+from runtime.audit.chain import verify
 from runtime.clock import ManualClock
 from runtime.crashpoints import CrashPoint
 from runtime.errors import ApprovalConflict, RunNotResumable

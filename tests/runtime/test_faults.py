@@ -15,12 +15,12 @@ import pytest
 from django.db import connection
 
 from runtime import start
-from runtime.agents import registry
-from runtime.claims import run_acquire
+from runtime.agents.agent import registry
 from runtime.clock import SYSTEM_CLOCK
 from runtime.errors import ProtocolMismatch
+from runtime.leasing.claims import run_acquire
 from runtime.models import Event, Protocol, Run
-from runtime.protocol import PROTOCOL_VERSION, forget
+from runtime.storage.protocol import PROTOCOL_VERSION, forget
 from tests import agents
 from tests.kit import Ledger
 from tests.procs import wait_until
@@ -202,7 +202,7 @@ def test_leases_are_judged_by_the_servers_clock(edb, monkeypatch):
 
     from runtime import clock as clock_module
     from runtime.errors import LeaseLost
-    from runtime.store import lease_commit, lease_plan
+    from runtime.leasing.lease import lease_commit, lease_plan
 
     class Slow(real.datetime):
         @classmethod
@@ -230,7 +230,7 @@ def _fault_after_commit(kind: str, then=None):
     """The first commit holding a ``kind`` event lands, then its reply is lost (a fault)."""
     from django.db import OperationalError
 
-    from runtime.engines import engine
+    from runtime.storage.engines import engine
 
     cls = type(engine())
     real = cls.commit
@@ -263,7 +263,7 @@ def _charge_agent(tmp_path):
 @pytest.mark.engines
 def test_a_commit_whose_reply_was_lost_is_found_landed_not_sent_again(edb, tmp_path):
     from runtime import resume
-    from runtime.audit import verify
+    from runtime.audit.chain import verify
 
     agent, ledger = _charge_agent(tmp_path)
     with registry.override(agent):
@@ -299,7 +299,8 @@ def test_a_fault_while_finding_out_is_asked_again_never_committed_blind(edb, tmp
                                                                         monkeypatch):
     from django.db import OperationalError
 
-    from runtime import resume, store
+    from runtime import resume
+    from runtime.leasing import lease as store
 
     real = store._landed
     asked = []
@@ -324,7 +325,7 @@ def test_a_wake_up_written_after_a_clear_still_wakes():
     """set() raced clear(): the flag ended cleared but set()'s byte is in the pipe."""
     import os
 
-    from runtime.slots import Wakeup
+    from runtime.worker.slots import Wakeup
 
     wake = Wakeup()
     try:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import checks, files
+from runtime import checks
+from runtime.host import files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,7 +151,7 @@ def test_the_wsgi_application_starts_with_umask_077(tmp_path):
 
 
 def _sqlite(path: Path) -> dict:
-    return {"default": {"ENGINE": "runtime.backends.sqlite3", "NAME": str(path)}}
+    return {"default": {"ENGINE": "runtime.storage.sqlite", "NAME": str(path)}}
 
 
 def test_the_check_warns_on_a_0644_database_and_is_silent_on_0600(tmp_path):

@@ -1,6 +1,6 @@
-"""runtime.engines.group: the commits of a process's runs in flight share one SQLite transaction;
-each plan keeps its own fence, one plan's failure rolls back alone, and a fault or a crash loses
-the whole group and nothing else."""
+"""runtime.storage.sqlite.group: the commits of a process's runs in flight share one SQLite
+transaction; each plan keeps its own fence, one plan's failure rolls back alone, and a fault or a
+crash loses the whole group and nothing else."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, OperationalError
 
-from runtime.claims import run_acquire, run_claim_many
 from runtime.clock import SYSTEM_CLOCK
 from runtime.crashpoints import CrashPoint
-from runtime.engines import sqlite as sqlite_engine
-from runtime.engines.group import GroupCommitter, Ticket, group_committer, write_group
 from runtime.errors import LeaseLost, SimulatedCrash
+from runtime.leasing.claims import run_acquire, run_claim_many
+from runtime.leasing.lease import Lease, lease_commit, lease_plan
 from runtime.models import Event, Run, Step, StepStatus
-from runtime.plan import Plan
-from runtime.store import Lease, lease_commit, lease_plan, run_create
+from runtime.storage.plan import Plan
+from runtime.storage.runs import run_create
+from runtime.storage.sqlite import committer as sqlite_engine
+from runtime.storage.sqlite.group import GroupCommitter, Ticket, group_committer, write_group
 from runtime.testkit import APPROVE, Crash, ProcessKit
 from tests.kit import Background
 from tests.procs import ROOT

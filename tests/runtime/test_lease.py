@@ -17,15 +17,16 @@ from django.db import connection
 from django.db.models import F
 
 from runtime import FinalAnswer, ScriptedLLM, ToolCall, start, tool
-from runtime.agents import Agent, registry
-from runtime.audit import verify
-from runtime.claims import run_acquire, run_claim_many
-from runtime.driver import Driver
+from runtime.agents.agent import Agent, registry
+from runtime.audit.chain import verify
 from runtime.errors import LeaseLost, RunLeased, RunNotResumable
-from runtime.instrument import PgTrace, SqliteCounter
-from runtime.lease import LeaseKeeper, lease_renew, make_owner
+from runtime.leasing.claims import run_acquire, run_claim_many
+from runtime.leasing.heartbeat import LeaseKeeper, lease_renew, make_owner
+from runtime.loop.driver import Driver
 from runtime.models import Event, Run, Step
-from runtime.store import run_create
+from runtime.storage.postgres.instrument import PgTrace
+from runtime.storage.runs import run_create
+from runtime.storage.sqlite.instrument import SqliteCounter
 from tests.kit import Background, Gate, Ledger, events_of, make_agent
 
 pytestmark = pytest.mark.engines

@@ -14,8 +14,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from runtime import Agent, FinalAnswer, ScriptedLLM, ToolCall, resume, start, tool
-from runtime.agents import registry
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.agents.llm import LLMResponse, Usage
+from runtime.agents.openai import parse_response
+from runtime.audit.chain import verify
 from runtime.canonical import (
     DEFAULT_MAX_PAYLOAD_DEPTH,
     check_payload,
@@ -25,9 +27,7 @@ from runtime.canonical import (
     parse_json,
 )
 from runtime.errors import InvalidPayload, LLMError
-from runtime.llm import LLMResponse, Usage
 from runtime.models import Event, Run, Step
-from runtime.openai import parse_response
 from tests.kit import Ledger, make_agent
 
 LIMIT = DEFAULT_MAX_PAYLOAD_DEPTH

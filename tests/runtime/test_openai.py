@@ -16,14 +16,14 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from runtime import Agent, Budget, LLMError, OpenAIChat, resume, start, tool
-from runtime.agents import registry
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.agents.openai import retry_after
+from runtime.audit.chain import verify
 from runtime.canonical import dumps
-from runtime.driver import Driver
 from runtime.errors import LeaseLost, SimulatedCrash
-from runtime.lease import LeaseKeeper
+from runtime.leasing.heartbeat import LeaseKeeper
+from runtime.loop.driver import Driver
 from runtime.models import Event, Run, Step
-from runtime.openai import retry_after
 from tests.kit import events_of
 
 # -- a fake chat-completions server ---------------------------------------------------------

@@ -1,7 +1,7 @@
-"""Notifications about approvals (runtime.outbox): written in the transaction that requests the
-approval, delivered at least once to a real HTTP server and a real SMTP server on loopback,
-retried with backoff, re-sent after a crash between sending and recording, never lost and
-never sent for a pause that rolled back. What receivers got is counted by the receivers."""
+"""Notifications about approvals (runtime.notifications.delivery): written in the transaction that
+requests the approval, delivered at least once to a real HTTP server and a real SMTP server on
+loopback, retried with backoff, re-sent after a crash between sending and recording, never lost
+and never sent for a pause that rolled back. What receivers got is counted by the receivers."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from runtime import Agent, Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, resume, start
-from runtime.agents import registry
-from runtime.approvals import approvals_expire, approve
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve
+from runtime.approvals.expiry import approvals_expire
 from runtime.crashpoints import CrashPoint
 from runtime.errors import SimulatedCrash
 from runtime.models import Approval, Notification, NotificationAttempt
-from runtime.outbox import CLAIM_SECONDS, OutboxSender, channels, outbox_deliver_due
+from runtime.notifications.channels import channels
+from runtime.notifications.delivery import CLAIM_SECONDS, OutboxSender, outbox_deliver_due
 from tests.kit import Ledger, make_tools
 from tests.procs import wait_until
 

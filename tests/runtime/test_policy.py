@@ -17,14 +17,14 @@ from runtime import (
     resume,
     start,
 )
-from runtime.agents import registry
-from runtime.approvals import approve
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.agents.policy import Request
+from runtime.approvals.decisions import approve
+from runtime.audit.chain import verify
 from runtime.canonical import request_digest
 from runtime.crashpoints import CrashPoint
 from runtime.errors import RunNotResumable, SimulatedCrash
 from runtime.models import Approval, Step
-from runtime.policy import Request
 from tests.kit import Ledger, events, events_of, kinds_after, make_tools
 
 SCRIPT = [ToolCall("read", {"key": "k"}), ToolCall("charge", {"amount": 9}), FinalAnswer("done")]

@@ -107,7 +107,7 @@ class Skewed(real.datetime):  # this machine's clock runs two hours fast
         return real.datetime.now(tz) + real.timedelta(hours=2)
 clock.datetime = Skewed
 from runtime.errors import RunLeased
-from runtime.claims import run_acquire
+from runtime.leasing.claims import run_acquire
 try:
     run_acquire({run_id}, "skewed@elsewhere:1:x", lease_seconds=30)
     print("taken over")

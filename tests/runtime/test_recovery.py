@@ -26,14 +26,15 @@ from runtime import (
     start,
     tool,
 )
-from runtime.agents import registry
-from runtime.approvals import approve, pending
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve
+from runtime.audit.chain import verify
 from runtime.canonical import request_digest
 from runtime.crashpoints import CrashPoint
 from runtime.errors import LeaseLost, RunNotResumable, SimulatedCrash
-from runtime.lease import LeaseKeeper
+from runtime.leasing.heartbeat import LeaseKeeper
 from runtime.models import Approval, Event, Run, Step
+from runtime.selectors.approvals import pending
 from tests.kit import (
     Background,
     Gate,

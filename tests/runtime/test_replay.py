@@ -37,18 +37,18 @@ from runtime import (
     resume,
     start,
 )
-from runtime.agents import registry
-from runtime.approvals import approve, reject, resolve
-from runtime.audit import EVENT_KINDS
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve, reject, resolve
+from runtime.audit.replay import REPLAYED_KINDS, replay_events, replay_problems
 from runtime.benchkit.db import use_database
 from runtime.canonical import request_digest
-from runtime.claims import run_release
 from runtime.crashpoints import OFF_STEP_POINTS, CrashPoint
-from runtime.driver import Driver
 from runtime.errors import CrashNotReached, RunLeased, RunNotResumable, SimulatedCrash
+from runtime.leasing.claims import run_release
+from runtime.leasing.lease import Lease
+from runtime.loop.driver import Driver
 from runtime.models import TERMINAL_RUN_STATUSES, Approval, Event, Run, RunStatus, Step
-from runtime.replay import REPLAYED_KINDS, replay_events, replay_problems
-from runtime.store import Lease
+from runtime.storage.events import EVENT_KINDS
 from runtime.testkit import APPROVE, REJECT, Crash, InProcessKit, resolve_with
 from runtime.testkit.agents import AGENTS as KIT_AGENTS
 from tests.engines import current_config

@@ -38,24 +38,25 @@ from runtime import (
     ToolCall,
     resume,
 )
-from runtime.agents import registry
-from runtime.approvals import approve, pending
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.approvals.decisions import approve
+from runtime.audit.chain import verify
 from runtime.clock import SYSTEM_CLOCK, ManualClock
 from runtime.crashpoints import CrashPoint
 from runtime.errors import InvalidSchedule, RunNotResumable, ScheduleNotFound
 from runtime.models import Approval, Event, Run, Schedule, ScheduleEvent
-from runtime.schedulecheck import schedules_problems
-from runtime.schedules import (
+from runtime.schedules.authorization import standing_authorization
+from runtime.schedules.changes import (
     schedule_authorize,
     schedule_create,
     schedule_remove,
     schedule_set_enabled,
     schedule_update,
-    schedules_fire_due,
-    standing_authorization,
-    timing,
 )
+from runtime.schedules.firing import schedules_fire_due
+from runtime.schedules.timing import timing
+from runtime.schedules.verify import schedules_problems
+from runtime.selectors.approvals import pending
 from tests import agents as process_agents
 from tests.kit import Ledger, crash_then_take_over, events, events_of, kinds_after, make_tools
 from tests.procs import wait_until

@@ -10,8 +10,8 @@ import pytest
 from django.utils import timezone
 
 from runtime import selectors
-from runtime.api import start
 from runtime.canonical import request_digest
+from runtime.loop.control import start
 from runtime.models import Approval, Event, Run, Step, Worker
 
 

@@ -1,6 +1,6 @@
 from runtime import FinalAnswer, ToolCall, resume, start
-from runtime.agents import registry
-from runtime.audit import verify
+from runtime.agents.agent import registry
+from runtime.audit.chain import verify
 from tests.kit import Ledger, events_of, make_agent
 
 

@@ -11,12 +11,12 @@ from django.db import connection, transaction
 from django.test import Client
 
 from runtime import FinalAnswer, ToolCall, resume, start
-from runtime.agents import registry
+from runtime.agents.agent import registry
 from runtime.crashpoints import CrashPoint
-from runtime.engines import sqlite as sqlite_engine
 from runtime.errors import SimulatedCrash
-from runtime.lease import LeaseKeeper
+from runtime.leasing.heartbeat import LeaseKeeper
 from runtime.models import Event, Run, Step
+from runtime.storage.sqlite import committer as sqlite_engine
 from tests.kit import Ledger, make_agent
 
 
@@ -126,7 +126,7 @@ def test_chained_rows_hash_exactly_as_the_reference_function(rdb):
     equal event_hash, which verify() uses, for any actor, kind, payload and step."""
     from datetime import UTC, datetime
 
-    from runtime.audit import EventSpec, build_events, event_hash
+    from runtime.storage.events import EventSpec, build_events, event_hash
 
     at = datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
     specs = [EventSpec("step.decided", {"tool": "née", "args": {"b": [1, 2.5, None], "a": "\""}},

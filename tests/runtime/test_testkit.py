@@ -19,8 +19,8 @@ from runtime import (
     Usage,
     cancel,
 )
-from runtime.agents import registry
-from runtime.driver import Driver
+from runtime.agents.agent import registry
+from runtime.loop.driver import Driver
 from runtime.models import Approval, ApprovalStatus, Event, Run, Step
 from runtime.testkit import (
     APPROVE,

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from runtime import InvalidArguments, ToolContext, tool
-from runtime.tools import Tool
+from runtime.agents.tools import Tool
 
 
 class Address(BaseModel):

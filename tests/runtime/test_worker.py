@@ -13,11 +13,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from runtime import start
-from runtime.agents import registry
-from runtime.approvals import pending
-from runtime.dbnet import DEFAULT_POOL_SIZE
+from runtime.agents.agent import registry
 from runtime.models import Event, Run
 from runtime.models import Worker as WorkerRow
+from runtime.selectors.approvals import pending
+from runtime.storage.postgres.network import DEFAULT_POOL_SIZE
 from tests import agents
 from tests.kit import Ledger, events_of
 from tests.procs import wait_until
@@ -252,13 +252,13 @@ def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb, unfroze
     (one run at a time in a slot of its own)."""
     import threading
 
-    from runtime.worker import Worker
+    from runtime.worker.process import WorkerProcess
 
     with _agents():
         first, second = start("final", {}), start("final", {})
     claimed = threading.Event()
 
-    class Watched(Worker):
+    class Watched(WorkerProcess):
         def _ending(self) -> None:  # on the first run's thread, before its last commit
             super()._ending()
             if not claimed.is_set():
@@ -283,12 +283,12 @@ def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb, unfroze
 def test_a_worker_keeps_what_start_up_built_out_of_the_collector_s_full_passes(edb, unfrozen):
     import gc
 
-    from runtime.worker import Worker
+    from runtime.worker.process import WorkerProcess
 
     assert gc.get_freeze_count() == 0
     with _agents():
         run = start("final", {})
-        assert Worker(concurrency=1, burst=True, poll_interval=0.05).run() == 0
+        assert WorkerProcess(concurrency=1, burst=True, poll_interval=0.05).run() == 0
     assert gc.get_freeze_count() > 0
     assert _status(run.pk) == "succeeded"
 

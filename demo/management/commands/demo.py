@@ -29,10 +29,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count
 
 from demo import world
-from runtime.api import start
-from runtime.files import private_dir, private_file
+from runtime.host.files import private_dir, private_file
+from runtime.host.pids import die_with_parent
+from runtime.loop.control import start
 from runtime.models import Approval, ApprovalStatus, Run, RunStatus
-from runtime.procs import die_with_parent
 
 # Where a side-effect call can die: (crash point, step) of the refund desk's two side effects.
 SIDE_EFFECT_POINTS = [("after_tool_started", 2), ("after_tool_dispatched", 2),

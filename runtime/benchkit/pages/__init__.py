@@ -7,15 +7,15 @@ Django's test client logged in as a superuser, a fresh database connection per r
 ``CONN_MAX_AGE=0`` serves them): p50 and p95 of the server time over N requests, the SQL
 queries one request makes and the size of its answer. The target: p95 under 150 ms.
 
-The rows are bulk-inserted (plain sqlite3 ``executemany`` in big transactions, as ``scale``
-does; ``COPY`` on PostgreSQL, then ``ANALYZE``) run by run, each run as the runtime writes one:
-its steps, approvals and events with real kinds, payload shapes, actors (people, and the
-``name@host:pid:hex`` owners of the workers that ran it, most of them long dead) and lease
-epochs; each run's events form a valid hash chain
-(``runtime.audit.build_events``), so ``verifyaudit`` passes on them. What a run did is drawn
-at random (seeded, so every build is the same) within the totals asked for, which are met
-exactly: at 10 events a run, most finished runs are a final answer with no tool call (9
-events), and the budget left goes to runs that called tools.
+The rows are bulk-inserted (plain sqlite3 ``executemany`` in big transactions, as ``scale`` does;
+``COPY`` on PostgreSQL, then ``ANALYZE``) run by run, each run as the runtime writes one: its
+steps, approvals and events with real kinds, payload shapes, actors (people, and the
+``name@host:pid:hex`` owners of the workers that ran it, most of them long dead) and lease epochs;
+each run's events form a valid hash chain (``runtime.storage.events.build_events``), so
+``verifyaudit`` passes on them. What a run did is drawn at random (seeded, so every build is the
+same) within the totals asked for, which are met exactly: at 10 events a run, most finished runs
+are a final answer with no tool call (9 events), and the budget left goes to runs that called
+tools.
 
 Split by concern, each module readable on its own: ``loaders`` (rows into SQLite or
 PostgreSQL), ``stories`` (the data set's constants and one run's story), ``kinds`` (what each
@@ -26,8 +26,8 @@ runs and summing them up) and ``timing`` (the pages and their timings). Named ``
 
 from __future__ import annotations
 
-from .loaders import PostgresLoader, SqliteLoader
-from .stories import FULL, QUICK, Sizes
-from .timing import measure
+from runtime.benchkit.pages.loaders import PostgresLoader, SqliteLoader
+from runtime.benchkit.pages.stories import FULL, QUICK, Sizes
+from runtime.benchkit.pages.timing import measure
 
 __all__ = ["FULL", "QUICK", "PostgresLoader", "Sizes", "SqliteLoader", "measure"]

@@ -10,14 +10,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from runtime.anchors import creation_hash
-from runtime.audit import build_events
+from runtime.benchkit.pages.loaders import Table
+from runtime.benchkit.pages.plan import Planner
+from runtime.benchkit.pages.stories import LEASE, SEED, Owners, Sizes, Story
 from runtime.canonical import dumps
 from runtime.models import Approval, Event, Run, RunCreation, Step, Worker
-
-from .loaders import Table
-from .plan import Planner
-from .stories import LEASE, SEED, Owners, Sizes, Story
+from runtime.storage.creations import creation_hash
+from runtime.storage.events import build_events
 
 
 class Builder(Planner):

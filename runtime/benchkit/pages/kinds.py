@@ -8,7 +8,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .stories import (
+from runtime.benchkit.pages.stories import (
     CHEAP,
     CUSTOMERS,
     DEAR,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import random
 
-from .kinds import StoryKinds
-from .stories import (
+from runtime.benchkit.pages.kinds import StoryKinds
+from runtime.benchkit.pages.stories import (
     INTERRUPTED,
     MAX_EXTRA,
     NATURAL_STEPS,

@@ -10,8 +10,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
 
-from runtime.audit import EventSpec
 from runtime.canonical import request_digest
+from runtime.storage.events import EventSpec
 
 SEED = 14
 SPAN = timedelta(days=30)  # the runs were created over the last 30 days

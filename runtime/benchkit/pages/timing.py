@@ -25,11 +25,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.urls import reverse
 
-from runtime.admin import ReadOnlyAdmin
+from runtime.admin.pages import ReadOnlyAdmin
+from runtime.benchkit.pages.builder import Builder
+from runtime.benchkit.pages.stories import Sizes
 from runtime.models import Approval, Event, Run, Step, Worker
-
-from .builder import Builder
-from .stories import Sizes
 
 TARGET_MS = 150.0
 ADMIN_USER = "bench-admin"

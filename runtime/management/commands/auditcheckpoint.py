@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runtime.checkpoint import checkpoint_take, checkpoint_write
+from runtime.audit.checkpoint import checkpoint_take, checkpoint_write
 from runtime.clock import SYSTEM_CLOCK
 from runtime.errors import AuditKeyError, CheckpointRefused
 

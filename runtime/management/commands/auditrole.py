@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
-from runtime.auditrole import role_grants, role_problems
+from runtime.storage.postgres.auditrole import role_grants, role_problems
 
 
 class Command(BaseCommand):

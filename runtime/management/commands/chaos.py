@@ -18,8 +18,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from runtime.dbnet import with_network_options
-from runtime.models import Run
+from runtime.models import Event, Run
+from runtime.storage.postgres.network import with_network_options
 from runtime.testkit.chaos import Chaos, ChaosConfig
 from runtime.testkit.hosts import Cluster, PgServer
 from runtime.testkit.partition import FAULTS, PartitionConfig, PartitionSoak
@@ -39,7 +39,6 @@ def _point_default_at(config: dict[str, Any]) -> None:
 
 def _dump_events(path: Path) -> None:
     """Every event of the soak, one JSON object a line, in run and sequence order."""
-    from runtime.models import Event
 
     with open(path, "w") as out:
         for event in Event.objects.order_by("run_id", "seq").values(

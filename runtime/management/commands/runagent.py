@@ -14,9 +14,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from runtime import crashpoints
-from runtime.api import resume, start
 from runtime.canonical import parse_json
 from runtime.errors import AgentRuntimeError, InvalidPayload, UnknownAgent
+from runtime.loop.control import resume, start
 from runtime.models import Run, RunStatus
 
 

@@ -12,10 +12,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from runtime import crashpoints
-from runtime.agents import registry
-from runtime.cpu import parse_cpu
+from runtime.agents.agent import registry
 from runtime.errors import UnknownAgent
-from runtime.worker import Worker
+from runtime.host.cpu import parse_cpu
+from runtime.worker.process import WorkerProcess
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 # One line per recorded event repeats the audit log on stdout and cost a quarter of a busy
@@ -61,7 +61,7 @@ class Command(BaseCommand):
         logging.getLogger("runtime.events").setLevel(
             EVENT_LEVELS.get(opts["verbosity"], logging.INFO))
         crashpoints.arm_from_env()  # the crash test kit arms this process through its env
-        worker = Worker(
+        worker = WorkerProcess(
             name=opts["name"], concurrency=opts["concurrency"],
             lease_seconds=opts["lease_seconds"],
             poll_interval=opts["poll_interval"] or (

@@ -11,7 +11,7 @@ from runtime.canonical import dumps, parse_json
 from runtime.clock import SYSTEM_CLOCK
 from runtime.errors import InvalidPayload, InvalidSchedule, ScheduleNotFound
 from runtime.models import Schedule
-from runtime.schedules import (
+from runtime.schedules.changes import (
     schedule_authorize,
     schedule_create,
     schedule_remove,

@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runtime.api import start
 from runtime.canonical import parse_json
 from runtime.errors import InvalidPayload, UnknownAgent
+from runtime.loop.control import start
 from runtime.management.commands.runagent import exit_with_outcome
 from runtime.models import TERMINAL_RUN_STATUSES, RunStatus
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runtime.auditcheck import audit_check
-from runtime.checkpoint import checkpoint_load
+from runtime.audit.check import audit_check
+from runtime.audit.checkpoint import checkpoint_load
 from runtime.errors import AuditKeyError, CheckpointRefused
 from runtime.models import Run
 

@@ -1,0 +1,109 @@
+"""The LLM interface: given the transcript and tool specs, return the next decision(s)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from runtime.agents.tools import ToolSpec
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """The LLM asks for one tool call."""
+
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    """The LLM is done; ``output`` becomes the run's output."""
+
+    output: Any
+
+
+Decision = ToolCall | FinalAnswer
+
+
+@dataclass(frozen=True)
+class Usage:
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: Decimal = Decimal("0")
+
+
+@dataclass(frozen=True)
+class LLMResponse:
+    """One LLM answer: several tool calls become consecutive steps."""
+
+    decisions: list[Decision]
+    usage: Usage = Usage()
+
+
+@dataclass(frozen=True)
+class TranscriptEntry:
+    step_index: int
+    tool: str
+    arguments: dict[str, Any]
+    result: Any = None
+    error: str = ""
+
+
+@dataclass
+class Transcript:
+    """What the LLM sees: the run's input and every finished tool call, in order."""
+
+    run_id: int
+    agent: str
+    input: Any
+    entries: list[TranscriptEntry] = field(default_factory=list)
+
+
+class LLM(Protocol):
+    def complete(self, transcript: Transcript, tools: Sequence[ToolSpec]) -> LLMResponse: ...
+
+
+ScriptItem = Decision | Sequence[ToolCall]
+
+
+class ScriptedLLM:
+    """A deterministic LLM for tests and demos.
+
+    ``script`` is a list with one item per LLM response (a decision, or a list of tool calls
+    for one response that asks for several), or a function of the transcript returning one.
+    The list form is indexed by how many tool calls the transcript already holds, so a run that
+    is resumed after a crash is asked the same question and gets the same answer.
+    """
+
+    def __init__(
+        self,
+        script: Sequence[ScriptItem] | Callable[[Transcript], ScriptItem | LLMResponse],
+        usage: Usage = Usage(tokens_in=10, tokens_out=5),
+    ) -> None:
+        self.script = script
+        self.usage = usage
+        self.calls = 0
+
+    def complete(self, transcript: Transcript, tools: Sequence[ToolSpec]) -> LLMResponse:
+        self.calls += 1
+        if callable(self.script):
+            item = self.script(transcript)
+            if isinstance(item, LLMResponse):
+                return item
+            return LLMResponse(_as_list(item), self.usage)
+        done, start = len(transcript.entries), 0
+        for item in self.script:
+            calls = _as_list(item)
+            if start <= done < start + len(calls):
+                return LLMResponse(calls[done - start:], self.usage)
+            start += len(calls)
+        return LLMResponse([FinalAnswer({"note": "script exhausted"})], self.usage)
+
+
+def _as_list(item: Any) -> list[Decision]:
+    if isinstance(item, ToolCall | FinalAnswer):
+        return [item]
+    return list(item)

@@ -1,0 +1,292 @@
+"""An LLM that speaks the OpenAI-compatible chat-completions protocol with tool calling.
+
+It works against hosted APIs and local servers (vLLM, llama.cpp, Ollama) alike: only the
+protocol's common fields are sent and read. One ``complete`` call is one HTTP request; every
+failure is raised as a typed ``LLMError`` and the driver decides whether and when to ask again,
+so each failed attempt is recorded in the run's audit log rather than retried out of sight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+from django.core.exceptions import ImproperlyConfigured
+
+from runtime.agents.llm import (
+    Decision,
+    FinalAnswer,
+    LLMResponse,
+    ToolCall,
+    Transcript,
+    TranscriptEntry,
+    Usage,
+)
+from runtime.agents.tools import ToolSpec
+from runtime.canonical import dumps, max_payload_depth
+from runtime.errors import LLMError
+
+# Statuses worth asking again: request timeout, conflict, rate limit, and every server error.
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+ENV_BASE_URL = "RUNTIME_LLM_BASE_URL"
+ENV_MODEL = "RUNTIME_LLM_MODEL"
+ENV_API_KEY = "RUNTIME_LLM_API_KEY"
+ENV_TIMEOUT = "RUNTIME_LLM_TIMEOUT"
+
+
+class OpenAIChat:
+    """``POST {base_url}/chat/completions`` with the agent's tools; one request per call.
+
+    ``max_retries`` is read by the driver: how many times it asks again after a retryable
+    failure (None: ``settings.RUNTIME["LLM_RETRIES"]``, default 3). ``system_prompt`` is a
+    string or a function of the transcript. ``transport`` lets a caller plug in an httpx
+    transport (a proxy, a test double); by default each thread keeps its own client.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = 60.0,
+        max_retries: int | None = None,
+        system_prompt: str | Callable[[Transcript], str] | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not base_url:
+            raise ValueError("base_url is required")
+        if not model:
+            raise ValueError("model is required")
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.api_key = api_key or None
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(
+            timeout, connect=min(float(timeout), 10.0))
+        self.max_retries = max_retries
+        self.system_prompt = system_prompt
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.extra_body = dict(extra_body or {})
+        self.headers = {"Accept": "application/json", **dict(headers or {})}
+        if self.api_key:
+            self.headers["Authorization"] = f"Bearer {self.api_key}"
+        self.transport = transport
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"<OpenAIChat {self.model} at {self.base_url}>"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> OpenAIChat:
+        """Build from ``RUNTIME_LLM_BASE_URL``, ``RUNTIME_LLM_MODEL`` and (optional, local
+        servers need none) ``RUNTIME_LLM_API_KEY``; ``RUNTIME_LLM_TIMEOUT`` in seconds."""
+        env = os.environ if environ is None else environ
+        missing = [name for name in (ENV_BASE_URL, ENV_MODEL) if not env.get(name, "").strip()]
+        if missing:
+            raise ImproperlyConfigured(f"{' and '.join(missing)} must be set to configure the LLM "
+                              f"(e.g. {ENV_BASE_URL}=http://127.0.0.1:8000/v1)")
+        if env.get(ENV_TIMEOUT, "").strip():
+            try:
+                kw.setdefault("timeout", float(env[ENV_TIMEOUT]))
+            except ValueError:
+                raise ImproperlyConfigured(f"{ENV_TIMEOUT} must be a number of seconds, "
+                                  f"not {env[ENV_TIMEOUT]!r}") from None
+        return cls(env[ENV_BASE_URL].strip(), env[ENV_MODEL].strip(),
+                   env.get(ENV_API_KEY, "").strip() or None, **kw)
+
+    # -- the LLM interface ------------------------------------------------------------------
+
+    def complete(self, transcript: Transcript, tools: Sequence[ToolSpec]) -> LLMResponse:
+        """One chat-completions request; raises ``LLMError`` for anything but a usable answer."""
+        body = self.request_body(transcript, tools)
+        try:
+            response = self._client().post(self.url, json=body)
+        except httpx.UnsupportedProtocol as exc:
+            raise LLMError(f"bad LLM URL {self.url}: {exc}", retryable=False) from None
+        except httpx.TimeoutException as exc:
+            raise LLMError(f"LLM request timed out ({type(exc).__name__})",
+                           retryable=True) from None
+        except httpx.TransportError as exc:
+            raise LLMError(f"LLM connection failed ({type(exc).__name__}: {exc})",
+                           retryable=True) from None
+        return parse_response(response)
+
+    def request_body(self, transcript: Transcript, tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        """The JSON sent: equal transcripts give equal bodies, so a resumed run asks the same."""
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages(transcript)}
+        if tools:
+            body["tools"] = [tool_schema(spec) for spec in tools]
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        body.update(self.extra_body)
+        return body
+
+    def messages(self, transcript: Transcript) -> list[dict[str, Any]]:
+        prompt = self.system_prompt
+        if callable(prompt):
+            prompt = prompt(transcript)
+        messages: list[dict[str, Any]] = []
+        if prompt:
+            messages.append({"role": "system", "content": prompt})
+        messages.append({"role": "user", "content": _text(transcript.input)})
+        for entry in transcript.entries:
+            messages.extend(entry_messages(entry))
+        return messages
+
+    def close(self) -> None:
+        """Close every thread's client (their connection pools)."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+
+    def _client(self) -> httpx.Client:
+        client = getattr(self._local, "client", None)
+        if client is None:  # one per thread: worker threads never share a connection pool
+            client = httpx.Client(timeout=self.timeout, headers=self.headers,
+                                  transport=self.transport)
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+
+def tool_call_id(step_index: int) -> str:
+    """Stable per step; nine alphanumerics, a shape every server's chat template accepts."""
+    return f"s{step_index:08d}"
+
+
+def tool_schema(spec: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": spec.name, "description": spec.description, "parameters": spec.parameters}}
+
+
+def entry_messages(entry: TranscriptEntry) -> list[dict[str, Any]]:
+    """A finished tool call as the assistant's request and the tool's answer."""
+    call_id = tool_call_id(entry.step_index)
+    outcome = {"error": entry.error} if entry.error else entry.result
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": call_id, "type": "function",
+            "function": {"name": entry.tool, "arguments": dumps(entry.arguments or {})}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": dumps(outcome)},
+    ]
+
+
+def parse_response(response: httpx.Response) -> LLMResponse:
+    """Decisions and usage from an HTTP response, or an ``LLMError`` saying why not."""
+    status = response.status_code
+    if status >= 400:
+        retryable = status in RETRYABLE_STATUSES or status >= 500
+        raise LLMError(f"LLM returned HTTP {status}: {_error_detail(response)}",
+                       retryable=retryable, status=status,
+                       retry_after=retry_after(response.headers.get("Retry-After")))
+    try:
+        data = response.json()
+    except RecursionError:
+        raise _malformed(status, "the body is nested too deeply to parse") from None
+    except ValueError:
+        raise _malformed(status, "the body is not JSON") from None
+    try:
+        message = data["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        raise _malformed(status, "no choices[0].message") from None
+    if not isinstance(message, dict):
+        raise _malformed(status, "choices[0].message is not an object")
+    decisions: list[Decision] = [_tool_call(raw, status) for raw in message.get("tool_calls")
+                                 or []]
+    if not decisions:
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise _malformed(status, "neither tool calls nor text content")
+        decisions = [FinalAnswer(content)]
+    return LLMResponse(decisions, _usage(data.get("usage")))
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date); None if absent."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _tool_call(raw: Any, status: int) -> ToolCall:
+    function = raw.get("function") if isinstance(raw, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise _malformed(status, f"a tool call without a function name: {_short(raw)}")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except RecursionError:
+            raise _malformed(status, f"tool call {name!r} has arguments nested deeper than "
+                                     f"{max_payload_depth()} levels") from None
+        except ValueError:
+            raise _malformed(status, f"tool call {name!r} has arguments that are not JSON: "
+                                     f"{_short(arguments)}") from None
+    elif arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise _malformed(status, f"tool call {name!r} has arguments that are not an object")
+    return ToolCall(name, arguments)
+
+
+def _usage(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    return Usage(tokens_in=_count(raw.get("prompt_tokens")),
+                 tokens_out=_count(raw.get("completion_tokens")))
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _malformed(status: int, why: str) -> LLMError:
+    return LLMError(f"malformed LLM response: {why}", retryable=True, status=status)
+
+
+def _error_detail(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error")
+        detail = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError, RecursionError):
+        detail = None
+    return _short(detail if detail else response.text or response.reason_phrase)
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else dumps(value)

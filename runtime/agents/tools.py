@@ -1,0 +1,141 @@
+"""Tools: typed functions with a declared effect and argument schemas built from their hints."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_type_hints
+
+import pydantic
+
+from runtime.errors import InvalidArguments
+
+EffectName = Literal["read_only", "side_effect"]
+
+
+@dataclass
+class ToolContext:
+    """What a tool may know about its call; ``idempotency_key`` is the same on every attempt."""
+
+    run_id: int
+    step_index: int
+    attempt: int
+    idempotency_key: str
+    agent: str
+    _on_dispatch: Callable[[], None] = field(repr=False, default=lambda: None)
+    dispatched: bool = False
+
+    def dispatch(self) -> None:
+        """Call right before the outbound request: records that the call may now go out.
+
+        Until this returns, a crash provably left the outside world untouched, so the runtime
+        may re-run the step on its own. Raises ``LeaseLost`` if this process no longer may act.
+        """
+        if not self.dispatched:
+            self._on_dispatch()
+            self.dispatched = True
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What an LLM is told about a tool."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class Tool:
+    """A registered tool. Call it like the function; the runtime calls ``invoke``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        effect: EffectName,
+        max_attempts: int | None = None,
+        dispatches: bool = False,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        if effect not in ("read_only", "side_effect"):
+            raise ValueError(f"effect must be 'read_only' or 'side_effect', not {effect!r}")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.effect: str = effect
+        self.max_attempts = max_attempts or (3 if effect == "read_only" else 1)
+        self.dispatches = dispatches
+        self.description = description or inspect.cleandoc(fn.__doc__ or "")
+        self.takes_ctx, self.args_model = _arguments_model(fn, self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name} {self.effect}>"
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Validated keyword arguments for the function, or ``InvalidArguments``."""
+        if not isinstance(arguments, dict):
+            raise InvalidArguments(self.name, "arguments must be a JSON object")
+        try:
+            model = self.args_model.model_validate(arguments)
+        except pydantic.ValidationError as exc:
+            errors = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise InvalidArguments(self.name, errors) from None
+        return {name: getattr(model, name) for name in self.args_model.model_fields}
+
+    def json_schema(self) -> dict[str, Any]:
+        return self.args_model.model_json_schema()
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.json_schema())
+
+    def invoke(self, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
+        return self.fn(ctx, **kwargs) if self.takes_ctx else self.fn(**kwargs)
+
+
+def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[pydantic.BaseModel]]:
+    hints = get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())
+    takes_ctx = bool(params) and (
+        hints.get(params[0].name) is ToolContext or params[0].name == "ctx"
+    )
+    if takes_ctx:
+        params = params[1:]
+    fields: dict[str, Any] = {}
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"tool {name}: *args and **kwargs are not supported")
+        if p.name not in hints:
+            raise TypeError(f"tool {name}: parameter {p.name!r} needs a type hint")
+        default = ... if p.default is inspect.Parameter.empty else p.default
+        fields[p.name] = (hints[p.name], default)
+    model = pydantic.create_model(
+        f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+    )
+    return takes_ctx, model
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    effect: EffectName,
+    max_attempts: int | None = None,
+    dispatches: bool = False,
+    name: str | None = None,
+) -> Any:
+    """Declare a tool. ``effect`` is required: the runtime must know whether a re-run is safe.
+
+    ``dispatches=True`` promises that the tool calls ``ctx.dispatch()`` right before its outbound
+    call, which lets the runtime re-run a crashed attempt that provably never got that far.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(f, effect=effect, max_attempts=max_attempts, dispatches=dispatches, name=name)
+
+    return wrap(fn) if fn is not None else wrap

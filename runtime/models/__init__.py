@@ -1,0 +1,47 @@
+"""The runtime's tables: runs and steps, the audit log, approvals, schedules, notifications
+and worker processes, one module each, all importable from here.
+
+State is changed only by the runtime's store functions (``runtime.storage``, the lease holder's
+commits in ``runtime.leasing``, the decisions in ``runtime.approvals.decisions``), each writing
+the state change and its audit event in one transaction. Nothing here writes on save.
+"""
+
+from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus
+from runtime.models.audit import AuditCheckpoint, Event, RunCreation
+from runtime.models.notifications import Notification, NotificationAttempt, NotificationStatus
+from runtime.models.runs import (
+    IN_FLIGHT_STEP_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    Effect,
+    FailureCode,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+)
+from runtime.models.schedules import Schedule, ScheduleEvent
+from runtime.models.workers import Protocol, Worker
+
+__all__ = [
+    "IN_FLIGHT_STEP_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "Approval",
+    "ApprovalKind",
+    "ApprovalStatus",
+    "AuditCheckpoint",
+    "Effect",
+    "Event",
+    "FailureCode",
+    "Notification",
+    "NotificationAttempt",
+    "NotificationStatus",
+    "Protocol",
+    "Run",
+    "RunCreation",
+    "RunStatus",
+    "Schedule",
+    "ScheduleEvent",
+    "Step",
+    "StepStatus",
+    "Worker",
+]

@@ -1,0 +1,66 @@
+"""Firing schedules: each due occurrence creates one run, however many workers race for it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+
+from runtime.agents.agent import get_agent
+from runtime.errors import InvalidPayload, UnknownAgent
+from runtime.models import Schedule
+from runtime.schedules.changes import _append_in_tx, _iso, log
+from runtime.schedules.timing import schedule_timing
+from runtime.storage.runs import run_create_in_tx
+
+
+def schedules_fire_due(now: datetime, *, limit: int = 50,
+                       only: list[int] | None = None) -> list[int]:
+    """Fire every due occurrence (at most ``limit`` schedules; ``only`` these ids, if given);
+    the ids of the runs this call created. An occurrence another worker fired first is simply
+    not fired here."""
+
+    due = Schedule.objects.filter(enabled=True, next_fire_at__lte=now)
+    if only is not None:
+        due = due.filter(pk__in=only)
+    due = list(due.order_by("next_fire_at")[:limit])
+    created = []
+    for schedule in due:
+        when = schedule_timing(schedule)
+        occurrence, nxt, skipped = when.due(schedule.next_fire_at, now)
+        try:
+            get_agent(schedule.agent)
+        except UnknownAgent:
+            agent_known = False
+        else:
+            agent_known = True
+        with transaction.atomic():
+            claimed = Schedule.objects.filter(
+                pk=schedule.pk, enabled=True, next_fire_at=schedule.next_fire_at).update(
+                next_fire_at=nxt)
+            if claimed != 1:
+                continue  # another worker fired it, or someone changed the schedule meanwhile
+            schedule.refresh_from_db()  # what it runs as of the claim (an edit may have landed)
+            if not agent_known:
+                log.warning("schedule %s: agent %r is not registered here; occurrence %s not "
+                            "fired", schedule.name, schedule.agent, occurrence.isoformat())
+                _append_in_tx(schedule, "schedule.missed", {
+                    "occurrence": _iso(occurrence), "reason": f"unknown agent {schedule.agent}"},
+                    "system", now)
+                continue
+            authorized = schedule.authorized_at if schedule.authorize_side_effects else None
+            try:
+                with transaction.atomic():  # a savepoint: a refused input leaves the claim
+                    run = run_create_in_tx(
+                        schedule.agent, schedule.input, created_by=f"schedule:{schedule.name}",
+                        now=now, actor=f"schedule:{schedule.name}", origin={
+                            "schedule": schedule, "occurrence_at": occurrence,
+                            "skipped": skipped, "authorized_at": authorized})
+            except InvalidPayload as exc:  # e.g. the size limit was lowered since
+                log.warning("schedule %s: occurrence %s not fired: %s", schedule.name,
+                            occurrence.isoformat(), exc)
+                _append_in_tx(schedule, "schedule.missed", {
+                    "occurrence": _iso(occurrence), "reason": str(exc)}, "system", now)
+                continue
+            created.append(run.pk)
+    return created

@@ -1,0 +1,138 @@
+"""Reads of approvals for people: the queue, one approval, and the decisions a person may make on
+it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Q, QuerySet
+
+from runtime.approvals.rules import RESOLVABLE, approval_request_intact, four_eyes_blocks
+from runtime.approvals.rules import approval_past_deadline as past_deadline
+from runtime.clock import SYSTEM_CLOCK
+from runtime.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Effect,
+    Notification,
+)
+
+
+def pending(kind: str | None = None, agent: str | None = None) -> QuerySet[Approval]:
+    """What waits for a person, oldest first, with its run and step (no N+1)."""
+    qs = Approval.objects.filter(status=ApprovalStatus.PENDING).select_related("run", "step")
+    if kind:
+        qs = qs.filter(kind=kind)
+    if agent:
+        qs = qs.filter(run__agent=agent)
+    return qs.order_by("created_at", "pk")
+
+
+# The queue shows these columns of an approval, its run and its step; nothing else is loaded.
+QUEUE_FIELDS = ("id", "kind", "tool", "effect", "title", "created_at", "expires_at", "run_id",
+                "step_id", "run__agent", "step__index")
+
+
+# The queue's orders, by their ``?sort=`` value: oldest first (the default), or the approvals
+# with a deadline first, soonest deadline first, then the others oldest first.
+QUEUE_SORTS = ("", "expiring")
+
+
+def approval_queue(kind: str | None = None, agent: str | None = None,
+                   limit: int = 200, sort: str = "") -> tuple[list[Approval], bool]:
+    """The first ``limit`` pending approvals in the ``sort`` order (and whether there are
+    more), with only the columns the queue shows.
+
+    Expiring first is two bounded reads, each in the order of an index: those with a
+    deadline by deadline (``approval_status_expires``, which holds only them), then, if the
+    page is not full, those without one oldest first (``approval_status_created``); one
+    ordering with NULLs last would sort every pending approval."""
+    if sort not in QUEUE_SORTS:
+        raise ValueError(f"unknown queue order {sort!r}")
+    qs = pending(kind, agent).only(*QUEUE_FIELDS)
+    if sort == "expiring":
+        rows = list(qs.filter(expires_at__isnull=False)
+                    .order_by("expires_at", "created_at", "pk")[: limit + 1])
+        if len(rows) <= limit:
+            rows += list(qs.filter(expires_at__isnull=True)[: limit + 1 - len(rows)])
+    else:
+        rows = list(qs[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def approvals_after(after: tuple[datetime, int] | None, limit: int) -> tuple[list[Approval], bool]:
+    """Pending approvals in the queue's order (oldest first) after the keyset ``after``
+    (created_at, id), at most ``limit`` of them, and whether there are more. Keyset, not
+    offset: a page deep in a long queue costs what the first does, and an approval decided
+    meanwhile shifts nothing."""
+    qs = pending()
+    if after is not None:
+        created, pk = after
+        qs = qs.filter(Q(created_at__gt=created) | Q(created_at=created, pk__gt=pk))
+    rows = list(qs[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def approval_queue_version(kind: str | None = None, agent: str | None = None) -> str:
+    """Changes whenever the queue's membership does (one approval added, one decided): a poll
+    that sends the version it has gets nothing back while it holds."""
+    qs = pending(kind, agent).order_by()
+    newest = qs.order_by("-pk").values_list("pk", flat=True).first()
+    return f"{qs.count()}.{newest or 0}"
+
+
+def approval_for_page(pk: int) -> Approval | None:
+    """One approval with its run and step (a single query)."""
+    return Approval.objects.select_related("run", "step").filter(pk=pk).first()
+
+
+def approval_version(approval: Approval) -> str:
+    """Changes whenever anything shown about the approval can: its status, or anything in its
+    run (every change to a run appends to its audit chain)."""
+    return f"{approval.status}.{approval.run.event_seq}"
+
+
+def approval_past_deadline(approval: Approval, now: datetime | None = None) -> bool:
+    """Whether a pending approval's deadline has passed: the runtime refuses any decision on
+    it as too late, and its next expiry sweep ends it ``expired``."""
+    return past_deadline(approval, now or SYSTEM_CLOCK.now())
+
+
+def approval_decisions(approval: Approval, by: str, now: datetime | None = None) -> list[str]:
+    """The decisions ``by`` may make on ``approval`` now, in the order to offer them: none once
+    decided or past its deadline; only rejecting under four-eyes or when the stored request
+    does not match its digest; resolving only where a call may have happened."""
+    if approval.status != ApprovalStatus.PENDING or approval_past_deadline(approval, now):
+        return []
+    if four_eyes_blocks(approval, by) or not approval_request_intact(approval):
+        return ["reject"]
+    if approval.kind in RESOLVABLE:
+        return ["approve", "resolve", "reject"]
+    return ["approve", "reject"]
+
+
+def approval_tampered(approval: Approval) -> bool:
+    """Whether the request shown is not the one the approval's digest names."""
+    return not approval_request_intact(approval)
+
+
+def approval_outcome_unknown(approval: Approval) -> bool:
+    """Whether the request is a side effect that may already have happened: the person must
+    check the outside world first. (A policy approval is asked before the call ever runs.)"""
+    return approval.kind in RESOLVABLE and approval.effect == Effect.SIDE_EFFECT
+
+
+def approval_is_policy(approval: Approval) -> bool:
+    """A policy approval asks before a first call; the others ask about an interrupted one."""
+    return approval.kind == ApprovalKind.POLICY
+
+
+def approval_notifications(approval: Approval) -> list[Any]:
+    """Who was told about the approval, on which channel, and how delivery went (oldest
+    first; one row per channel and event)."""
+
+    return list(Notification.objects.filter(approval_id=approval.pk).order_by("pk").only(
+        "event", "channel", "kind", "target", "status", "attempts", "created_at",
+        "delivered_at", "last_error", "next_attempt_at"))

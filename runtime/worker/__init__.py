@@ -1,0 +1,3 @@
+"""``manage.py runworker``: the worker process (``process``), its executor slots (``slots``)
+and its row in the Worker table (``registration``).
+"""
