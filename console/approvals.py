@@ -24,7 +24,8 @@ from console.render import no_change, page, unchanged
 from console.runs import agent_note, known_agents
 from console.wording import kind_word
 from runtime import selectors
-from runtime.approvals import decisions as approvals
+from runtime.approvals.decisions import approval_decide
+from runtime.approvals.rules import Decision, approval_resolvable, four_eyes_blocks
 from runtime.errors import ApprovalConflict, FourEyesViolation, InvalidDecision
 from runtime.models import Approval, ApprovalKind, ApprovalStatus
 
@@ -107,25 +108,20 @@ def approval_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def _decide(request: HttpRequest, approval: Approval) -> HttpResponse:
     if not request.user.has_perm(DECIDE_PERMISSION):
         raise PermissionDenied("Deciding approvals needs the decide_approval permission.")
-    decision = request.POST.get("decision", "")
-    form_class = DECISION_FORMS.get(decision)
-    if form_class is None:
+    try:
+        decision = Decision(request.POST.get("decision", ""))
+    except ValueError:
         return HttpResponseBadRequest("Unknown decision.")
-    if decision == "resolve" and approval.kind not in approvals.RESOLVABLE:
+    if decision == Decision.RESOLVE and not approval_resolvable(approval):
         return HttpResponseBadRequest("Resolve applies to interrupted calls only; a policy "
                                       "approval is allowed or denied.")
-    form = form_class(request.POST, confirm_label=wording.choices(approval)[decision].confirm)
+    form = DECISION_FORMS[decision](request.POST,
+                                    confirm_label=wording.choices(approval)[decision].confirm)
     if not form.is_valid():
         return _render(request, approval, form=form, status=422)
-    by = request.user.get_username()
-    note = form.cleaned_data.get("note", "")
     try:
-        if decision == "approve":
-            approvals.approve(approval.pk, by, note)
-        elif decision == "resolve":
-            approvals.resolve(approval.pk, by, form.cleaned_data["result"], note)
-        else:
-            approvals.reject(approval.pk, by, note)
+        approval_decide(approval.pk, decision, request.user.get_username(),
+                        form.cleaned_data.get("note", ""), result=form.cleaned_data.get("result"))
     except ApprovalConflict as exc:
         return _render(request, _reload(approval), conflict=exc, status=409)
     except FourEyesViolation as exc:
@@ -187,7 +183,7 @@ def _render(
         "conflict_word": (wording.status_word(approval, conflict.status)
                           if conflict is not None and conflict.status else ""),
         "can_decide": user.has_perm(DECIDE_PERMISSION),
-        "four_eyes_blocked": approvals.four_eyes_blocks(approval, user.get_username()),
+        "four_eyes_blocked": four_eyes_blocks(approval, user.get_username()),
         "decisions": decisions,
         "open_form": form.decision if form is not None else "",
         "conflict": conflict,

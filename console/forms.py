@@ -8,6 +8,7 @@ from typing import Any
 
 from django import forms
 
+from runtime.approvals.rules import Decision
 from runtime.canonical import check_payload, parse_json
 from runtime.errors import InvalidPayload
 from runtime.models import Schedule
@@ -19,7 +20,7 @@ NOTE_MAX = 2000
 class DecisionForm(forms.Form):
     """Base of the three decisions: a note and an explicit confirmation."""
 
-    decision = ""
+    decision: Decision
     confirm_label = ""
     note = forms.CharField(required=False, max_length=NOTE_MAX,
                            widget=forms.Textarea(attrs={"rows": 2}))
@@ -34,12 +35,12 @@ class DecisionForm(forms.Form):
 
 
 class ApproveForm(DecisionForm):
-    decision = "approve"
+    decision = Decision.APPROVE
     confirm_label = "Yes: run this exact request once more."
 
 
 class ResolveForm(DecisionForm):
-    decision = "resolve"
+    decision = Decision.RESOLVE
     confirm_label = "Yes: it happened; record this result and continue."
     result = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}),
@@ -74,15 +75,16 @@ def _refuse_constant(name: str) -> Any:
 
 
 class RejectForm(DecisionForm):
-    decision = "reject"
+    decision = Decision.REJECT
     confirm_label = "Yes: end the run; do not call the tool again."
     note = forms.CharField(required=True, max_length=NOTE_MAX,
                            widget=forms.Textarea(attrs={"rows": 2}),
                            help_text="Required: why the run must stop.")
 
 
-DECISION_FORMS: dict[str, type[DecisionForm]] = {
+DECISION_FORMS: dict[Decision, type[DecisionForm]] = {
     f.decision: f for f in (ApproveForm, ResolveForm, RejectForm)}
+assert set(DECISION_FORMS) == set(Decision), "a form for every decision"
 
 
 class CancelRunForm(forms.Form):

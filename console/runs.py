@@ -27,7 +27,6 @@ STEPS_SHOWN = 50  # a run's page shows its latest steps and events; the rest a c
 EVENTS_SHOWN = 50
 RUN_LIST_FIELDS = ("id", "agent", "status", "failure_code", "lease_owner", "llm_requests", "cost",
                    "created_at", "updated_at")
-CANCELLABLE = (RunStatus.QUEUED, RunStatus.WAITING)
 
 
 def known_agents() -> list[str]:
@@ -166,7 +165,7 @@ def _context(request: HttpRequest, run: Run, form: CancelRunForm, message: str,
         "approvals": selectors.run_approvals(run.pk),
         "events": selectors.events_tail(run, limit=EVENTS_SHOWN),
         "can_cancel": (request.user.has_perm(CANCEL_PERMISSION)
-                       and run.status in CANCELLABLE),
+                       and selectors.run_cancellable(run)),
         "cancel_form": form,
         "message": message,
         "version": _version(run),

@@ -1,46 +1,41 @@
 """Settings for the console project and the runtime app.
 
 Configuration comes from the environment so the same code runs on a laptop (SQLite under
-``var/``) and on several worker machines (PostgreSQL via ``DATABASE_URL``).
+``var/``) and on several worker machines (PostgreSQL via ``DATABASE_URL``). Every variable is
+read through ``runtime.conf`` (its type, default and accepted values, written once there); a
+bad one stops start-up with a line naming it (``runtime.conf.ConfigError``).
 """
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 
+from runtime import conf
 from runtime.host.files import private_dir, secret_key_file
 from runtime.storage.postgres.network import with_network_options
 
+ENV = conf.read(os.environ)
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR = Path(ENV["RUNTIME_VAR_DIR"] or BASE_DIR / "var")
 
 
 def _secret_key() -> str:
     """``DJANGO_SECRET_KEY``, or a random key made once for this install and kept (0600) in
     ``var/secret_key`` (var/ 0700), so no deployment ever runs on a key that is public in the
     source. Several machines serving one console must share a key: set the variable there."""
-    return os.environ.get("DJANGO_SECRET_KEY") or secret_key_file(VAR_DIR / "secret_key")
+    return ENV["DJANGO_SECRET_KEY"] or secret_key_file(VAR_DIR / "secret_key")
 
 
 SECRET_KEY = _secret_key()
-
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "") == "1"
-
-
-def _list(name: str, default: str = "") -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
-
-
-DEBUG = _flag("DJANGO_DEBUG")
-ALLOWED_HOSTS = _list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
+DEBUG = ENV["DJANGO_DEBUG"]
+ALLOWED_HOSTS = ENV["DJANGO_ALLOWED_HOSTS"]
 
 # The demo (its outside world at /demo/world/) is served only by `manage.py demo` (which sets
 # RUNTIME_DEMO=1, or at least RUNTIME_DEMO_LLM, for the gunicorn it starts) or in development.
-CONSOLE_DEMO = DEBUG or _flag("RUNTIME_DEMO")
+CONSOLE_DEMO = DEBUG or ENV["RUNTIME_DEMO"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -109,26 +104,28 @@ TEMPLATES = [
 SQLITE_OPTIONS = {
     "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
     "transaction_mode": "IMMEDIATE",
-    "timeout": float(os.environ.get("RUNTIME_SQLITE_TIMEOUT", "20")),
+    "timeout": ENV["RUNTIME_SQLITE_TIMEOUT"],
 }
 
 
-def _database() -> dict:
-    url = os.environ.get("DATABASE_URL")
+def _database(environ: Mapping[str, str] = os.environ) -> dict:
+    """The default database's entry from ``environ`` (the test suite reads it again for
+    each database it makes, as a process started with that environment would)."""
+    url = conf.value("DATABASE_URL", environ)
     if url:
         config = dj_database_url.parse(url, conn_max_age=0)
     else:
-        private_dir(VAR_DIR)  # 0700 whatever the umask (runtime/files.py)
+        private_dir(VAR_DIR)  # 0700 whatever the umask (runtime.host.files)
         config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "runtime.sqlite3"}
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
         # Tests use files too: WAL and the heartbeat's own connection need a shared file.
         config.setdefault("TEST", {"NAME": str(VAR_DIR / "test-runtime.sqlite3")})
         # Writers queue on a flock instead of sleeping in SQLite's busy handler (the runtime's
-        # backend, runtime/backends/sqlite3); RUNTIME_SQLITE_WRITER_QUEUE=0 turns that off.
+        # backend, runtime.storage.sqlite); RUNTIME_SQLITE_WRITER_QUEUE=0 turns that off.
         # The refusal of network file systems and the private file modes hold either way.
         config["ENGINE"] = "runtime.storage.sqlite"
-        if os.environ.get("RUNTIME_SQLITE_WRITER_QUEUE", "1") == "0":
+        if not conf.value("RUNTIME_SQLITE_WRITER_QUEUE", environ):
             config["OPTIONS"]["writer_queue"] = False
     # PostgreSQL: every wait on a dead link bounded (runtime.storage.postgres.network); the URL's
     # options win. A worker's threads share a pool (runtime.storage.postgres.pool).
@@ -141,7 +138,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
-     "OPTIONS": {"min_length": int(os.environ.get("CONSOLE_PASSWORD_MIN_LENGTH", "12"))}},
+     "OPTIONS": {"min_length": ENV["CONSOLE_PASSWORD_MIN_LENGTH"]}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
@@ -167,14 +164,13 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # Where an operator checks whether an interrupted call took effect: a URL with {key} (the
 # step's idempotency key) and {tool}, linked from every approval. The demo's outside world by
 # default; point it at your payment provider's dashboard, your mail logs, ...
-CONSOLE_CHECK_URL = os.environ.get("CONSOLE_CHECK_URL",
-                                   "/demo/world/?key={key}" if CONSOLE_DEMO else "")
+CONSOLE_CHECK_URL = ENV["CONSOLE_CHECK_URL"] or ("/demo/world/?key={key}" if CONSOLE_DEMO
+                                                  else "")
 
 # How long a dead worker stays on the Workers page's first tab, next to the live ones, counted
 # from its last heartbeat (default one hour); older dead ones are on the second tab
 # (/workers/?show=old). Every killed or restarted worker process leaves a row behind.
-CONSOLE_RECENT_DEAD_WORKERS_SECONDS = float(
-    os.environ.get("CONSOLE_RECENT_DEAD_WORKERS_SECONDS", "3600"))
+CONSOLE_RECENT_DEAD_WORKERS_SECONDS = ENV["CONSOLE_RECENT_DEAD_WORKERS_SECONDS"]
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -184,33 +180,30 @@ LOGOUT_REDIRECT_URL = "/login/"
 # (default 30 minutes) without a request of the person's own (console.middleware
 # .IdleSessionMiddleware; the pages' background polls do not keep a session alive).
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
-CONSOLE_SESSION_IDLE_SECONDS = int(os.environ.get("CONSOLE_SESSION_IDLE_SECONDS", "1800"))
+CONSOLE_SESSION_IDLE_SECONDS = ENV["CONSOLE_SESSION_IDLE_SECONDS"]
 SESSION_COOKIE_AGE = CONSOLE_SESSION_IDLE_SECONDS  # the server forgets an idle session too
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"
 
 # -- HTTPS, behind a TLS-terminating proxy (README "Running it in production"). Each is off
 # unless set, so a laptop on http://127.0.0.1:8000 works as before.
-SESSION_COOKIE_SECURE = _flag("DJANGO_SECURE_COOKIES")
+SESSION_COOKIE_SECURE = ENV["DJANGO_SECURE_COOKIES"]
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
-SECURE_SSL_REDIRECT = _flag("DJANGO_SSL_REDIRECT")
+SECURE_SSL_REDIRECT = ENV["DJANGO_SSL_REDIRECT"]
 # Load balancers probe /healthz over plain HTTP, straight at gunicorn.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
-SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "0"))
-SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("DJANGO_HSTS_INCLUDE_SUBDOMAINS")
-SECURE_HSTS_PRELOAD = _flag("DJANGO_HSTS_PRELOAD")
+SECURE_HSTS_SECONDS = ENV["DJANGO_HSTS_SECONDS"]
+SECURE_HSTS_INCLUDE_SUBDOMAINS = ENV["DJANGO_HSTS_INCLUDE_SUBDOMAINS"]
+SECURE_HSTS_PRELOAD = ENV["DJANGO_HSTS_PRELOAD"]
 # The header the proxy sets to say the browser used HTTPS, e.g. X-Forwarded-Proto (value
 # "https"), or "X-Forwarded-Ssl=on". Only set it if the proxy always sets or strips it.
-_ssl_header = os.environ.get("DJANGO_PROXY_SSL_HEADER", "").strip()
-if _ssl_header:
-    _name, _, _value = _ssl_header.partition("=")
-    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _name.strip().upper().replace("-", "_"),
-                               _value.strip() or "https")
-CSRF_TRUSTED_ORIGINS = _list("DJANGO_CSRF_TRUSTED_ORIGINS")
+if ENV["DJANGO_PROXY_SSL_HEADER"]:
+    SECURE_PROXY_SSL_HEADER = ENV["DJANGO_PROXY_SSL_HEADER"]
+CSRF_TRUSTED_ORIGINS = ENV["DJANGO_CSRF_TRUSTED_ORIGINS"]
 # How many proxies in front of gunicorn append the client's address to X-Forwarded-For: the
 # client is the address that many entries from the right. 0 (the default): the header is
 # ignored and the socket's peer is the client (console.middleware.client_ip).
-CONSOLE_PROXY_COUNT = int(os.environ.get("DJANGO_PROXY_COUNT", "0"))
+CONSOLE_PROXY_COUNT = ENV["DJANGO_PROXY_COUNT"]
 
 # -- Content-Security-Policy (console.middleware.SecurityHeadersMiddleware): nothing inline,
 # nothing evaluated; every script and stylesheet is a static file. The shape of Django 6.0's
@@ -239,9 +232,8 @@ PERMISSIONS_POLICY = [
 # are refused (even with the right password) for CONSOLE_LOGIN_COOLOFF_SECONDS, counted from
 # the last failure; the lockout page says so (HTTP 429). A success resets the count. Superusers
 # lift a lockout in the admin (Axes > Access attempts) or with `manage.py axes_reset`.
-AXES_FAILURE_LIMIT = int(os.environ.get("CONSOLE_LOGIN_FAILURE_LIMIT", "5"))
-AXES_COOLOFF_TIME = timedelta(seconds=int(os.environ.get("CONSOLE_LOGIN_COOLOFF_SECONDS",
-                                                         "900")))
+AXES_FAILURE_LIMIT = ENV["CONSOLE_LOGIN_FAILURE_LIMIT"]
+AXES_COOLOFF_TIME = timedelta(seconds=ENV["CONSOLE_LOGIN_COOLOFF_SECONDS"])
 AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
@@ -266,41 +258,24 @@ LOGGING = {
     },
 }
 
-# The runtime app's own settings. AGENTS lists dotted paths to Agent objects;
-# RUNTIME_AGENTS (comma-separated) adds more without editing this file.
+# The runtime app's own settings (runtime.conf lists every key and its default). AGENTS lists
+# dotted paths to Agent objects; RUNTIME_AGENTS (comma-separated) adds more without editing
+# this file. Each RUNTIME_* variable sets its key; notification channels come from
+# RUNTIME_NOTIFY_WEBHOOK, _SLACK and _EMAIL.
 RUNTIME = {
-    "AGENTS": ["console.agents.hello", "demo.agents.AGENTS"]
-    + [p for p in os.environ.get("RUNTIME_AGENTS", "").split(",") if p],
-    "LEASE_SECONDS": float(os.environ.get("RUNTIME_LEASE_SECONDS", "30")),
-    "MAX_PAYLOAD_BYTES": int(os.environ.get("RUNTIME_MAX_PAYLOAD_BYTES", str(1024 * 1024))),
-    # Deeper JSON is refused where it enters: pages show payloads with recursive code.
-    "MAX_PAYLOAD_DEPTH": int(os.environ.get("RUNTIME_MAX_PAYLOAD_DEPTH", "32")),
-    # Four-eyes: whoever started a run may not approve or resolve its side effects.
-    "FOUR_EYES": os.environ.get("RUNTIME_FOUR_EYES", "") == "1",
-    # Retries of a failed LLM request (timeouts, 429, 5xx, malformed answers), with backoff.
-    "LLM_RETRIES": int(os.environ.get("RUNTIME_LLM_RETRIES", "3")),
-    "LLM_RETRY_BASE_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_BASE_SECONDS", "1")),
-    "LLM_RETRY_MAX_SECONDS": float(os.environ.get("RUNTIME_LLM_RETRY_MAX_SECONDS", "30")),
-    # Notifications about approvals (runtime.notifications): channels, and the link they carry.
+    "AGENTS": ["console.agents.hello", "demo.agents.AGENTS", *ENV["RUNTIME_AGENTS"]],
+    **{v.key: ENV[v.name] for v in conf.VARIABLES if v.key},
     "NOTIFY": [
-        {"name": name, "kind": kind, "target": os.environ[var]}
-        for name, kind, var in (("webhook", "webhook", "RUNTIME_NOTIFY_WEBHOOK"),
-                                ("slack", "slack", "RUNTIME_NOTIFY_SLACK"),
-                                ("email", "email", "RUNTIME_NOTIFY_EMAIL"))
-        if os.environ.get(var)
+        {"name": kind, "kind": kind, "target": ENV[f"RUNTIME_NOTIFY_{kind.upper()}"]}
+        for kind in ("webhook", "slack", "email") if ENV[f"RUNTIME_NOTIFY_{kind.upper()}"]
     ],
-    "APPROVAL_URL": os.environ.get("RUNTIME_APPROVAL_URL",
-                                   "http://127.0.0.1:8000/approvals/{id}/"),
-    # Signs audit checkpoints (manage.py auditcheckpoint); keep it off the database's machine's
-    # backups and out of the database itself. At least 32 characters.
-    "AUDIT_KEY": os.environ.get("RUNTIME_AUDIT_KEY", ""),
 }
 
 # Email notifications go through Django's email backend (SMTP unless configured otherwise).
-EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
-EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
-EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
-EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
-EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "") == "1"
+EMAIL_HOST = ENV["EMAIL_HOST"]
+EMAIL_PORT = ENV["EMAIL_PORT"]
+EMAIL_HOST_USER = ENV["EMAIL_HOST_USER"]
+EMAIL_HOST_PASSWORD = ENV["EMAIL_HOST_PASSWORD"]
+EMAIL_USE_TLS = ENV["EMAIL_USE_TLS"]
 EMAIL_TIMEOUT = 10
-DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "agent-runtime@localhost")
+DEFAULT_FROM_EMAIL = ENV["DEFAULT_FROM_EMAIL"]

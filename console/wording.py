@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from runtime.approvals.rules import Decision
 from runtime.models import Approval, ApprovalKind, ApprovalStatus
 from runtime.selectors import approval_is_policy
 
@@ -32,16 +33,16 @@ class Choice:
 
 
 POLICY_CHOICES = {
-    "approve": Choice("Allow this call", "Yes: allow this call, once, with these arguments.",
+    Decision.APPROVE: Choice("Allow this call", "Yes: allow this call, once, with these arguments.",
                       "Allow"),
-    "reject": Choice("Deny", "Yes: deny this call and end the run.", "Deny"),
+    Decision.REJECT: Choice("Deny", "Yes: deny this call and end the run.", "Deny"),
 }
 RERUN_CHOICES = {
-    "approve": Choice("Run it once more", "Yes: run this exact request once more.",
+    Decision.APPROVE: Choice("Run it once more", "Yes: run this exact request once more.",
                       "Run it once more"),
-    "resolve": Choice("It happened: record the result",
+    Decision.RESOLVE: Choice("It happened: record the result",
                       "Yes: it happened; record this result and continue.", "Record the result"),
-    "reject": Choice("End the run", "Yes: end the run; do not call the tool again.",
+    Decision.REJECT: Choice("End the run", "Yes: end the run; do not call the tool again.",
                      "End the run"),
 }
 
@@ -64,7 +65,7 @@ _RERUN_STATUS = {
 }
 
 
-def choices(approval: Approval) -> dict[str, Choice]:
+def choices(approval: Approval) -> dict[Decision, Choice]:
     return POLICY_CHOICES if approval_is_policy(approval) else RERUN_CHOICES
 
 

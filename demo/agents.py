@@ -8,7 +8,6 @@ The LLM is scripted (no network) unless ``RUNTIME_DEMO_LLM=openai``, which uses
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from demo import world
@@ -23,10 +22,11 @@ from runtime import (
     ToolCall,
     ToolContext,
     Transcript,
+    conf,
     tool,
 )
 
-REFUND_APPROVAL_CENTS = int(os.environ.get("RUNTIME_DEMO_APPROVAL_CENTS", "15000"))
+REFUND_APPROVAL_CENTS: int = conf.value("RUNTIME_DEMO_APPROVAL_CENTS")
 
 
 @tool(effect="read_only")
@@ -89,7 +89,7 @@ SYSTEM_PROMPT = (
 
 
 def _llm() -> Any:
-    if os.environ.get("RUNTIME_DEMO_LLM", "scripted") == "openai":
+    if conf.value("RUNTIME_DEMO_LLM") == "openai":
 
         return OpenAIChat.from_env(system_prompt=SYSTEM_PROMPT)
     return ScriptedLLM(scripted_refund_desk)

@@ -9,7 +9,6 @@ Both log every request they receive, duplicates included.
 
 from __future__ import annotations
 
-import os
 import random
 import sqlite3
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+
+from runtime import conf
 
 SCHEMA = {
     "payments": """
@@ -62,7 +63,7 @@ def money(cents: int | None) -> str:
 
 
 def world_dir() -> Path:
-    return Path(os.environ.get("RUNTIME_DEMO_DIR", settings.VAR_DIR / "demo"))
+    return Path(conf.value("RUNTIME_DEMO_DIR") or settings.VAR_DIR / "demo")
 
 
 @contextmanager

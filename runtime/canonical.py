@@ -9,11 +9,10 @@ import json
 import re
 import threading
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
-
+from runtime.conf import DEFAULTS, setting
 from runtime.errors import InvalidPayload
 
 # The canonical form's encoder, made once: ``json.dumps`` with these options builds an encoder
@@ -46,7 +45,7 @@ def digest(value: Any) -> str:
 
 
 def max_payload_bytes() -> int:
-    return int(settings.RUNTIME.get("MAX_PAYLOAD_BYTES", 1024 * 1024))
+    return int(setting("MAX_PAYLOAD_BYTES"))
 
 
 # Objects and arrays nested in a payload, at most (RUNTIME["MAX_PAYLOAD_DEPTH"]). Real tool
@@ -55,11 +54,11 @@ def max_payload_bytes() -> int:
 # a hundred or more frames down) under Python's recursion limit of 1000: values about 900
 # deep broke them. The runtime also wraps a payload a few levels deeper in its events. 32
 # keeps a wide margin on both sides; keep any other setting well under a few hundred.
-DEFAULT_MAX_PAYLOAD_DEPTH = 32
+DEFAULT_MAX_PAYLOAD_DEPTH: int = DEFAULTS["MAX_PAYLOAD_DEPTH"]  # runtime.conf: 32
 
 
 def max_payload_depth() -> int:
-    return int(settings.RUNTIME.get("MAX_PAYLOAD_DEPTH", DEFAULT_MAX_PAYLOAD_DEPTH))
+    return int(setting("MAX_PAYLOAD_DEPTH"))
 
 
 _CONTAINERS = (dict, list, tuple)
@@ -154,24 +153,29 @@ def _portable_float(text: str) -> float | int:
     return number
 
 
-def parse_json(what: str, text: str | bytes, **options: Any) -> Any:
-    """Parse JSON text from outside (a form, a command line, an LLM's tool call) within the
-    payload limits, or raise InvalidPayload: text larger than MAX_PAYLOAD_BYTES is refused
-    before it is parsed, and nesting deeper than MAX_PAYLOAD_DEPTH however deep it goes (the
-    parser's own ``RecursionError``, some 900 levels down, is caught; shallower values are
-    measured once parsed). Text that is not JSON raises ``ValueError``
+def parse_json(what: str, text: str | bytes, *, limited: bool = True, **options: Any) -> Any:
+    """Parse JSON text from outside (a form, a command line, an API request, an LLM's answer)
+    within the payload limits, or raise InvalidPayload: text larger than MAX_PAYLOAD_BYTES is
+    refused before it is parsed, and nesting deeper than MAX_PAYLOAD_DEPTH however deep it
+    goes (the parser's own ``RecursionError``, some 900 levels down, is caught; shallower
+    values are measured once parsed). Text that is not JSON raises ``ValueError``
     (``json.JSONDecodeError``), as ``json.loads`` does; ``options`` go to ``json.loads``.
-    The value still has to pass ``check_payload`` before it is stored."""
-    limit = max_payload_bytes()
-    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
-    if size > limit:
-        raise InvalidPayload(what, f"{size} bytes is larger than the limit of {limit} bytes")
+
+    ``limited=False`` parses what the parser can (only a ``RecursionError`` is refused, as too
+    deep): for values whose limits are applied later, where a refusal means something else
+    (an LLM's tool call arguments fail their step, not the LLM's answer). Either way the
+    value still has to pass ``check_payload`` before it is stored."""
     depth = max_payload_depth()
+    if limited:
+        limit = max_payload_bytes()
+        size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
+        if size > limit:
+            raise InvalidPayload(what, f"{size} bytes is larger than the limit of {limit} bytes")
     try:
         value = json.loads(text, **options)
     except RecursionError:
         raise _too_deep(what, depth) from None
-    if nesting_depth(value, depth) > depth:
+    if limited and nesting_depth(value, depth) > depth:
         raise _too_deep(what, depth)
     return value
 
@@ -185,6 +189,20 @@ def chain_hash(prev: str, body: str) -> str:
     """The next link of a hash chain (a run's events, the global creations, a schedule's
     changes, the checkpoints): SHA-256 of the previous link and this entry's canonical JSON."""
     return hashlib.sha256((prev + "\n" + body).encode()).hexdigest()
+
+
+def iso_time(at: datetime) -> str:
+    """A time as the record writes it wherever it is hashed or read back (an event's time, a
+    time inside a payload, a chain's entry): UTC, ISO 8601, to the microsecond, whatever zone
+    ``at`` came in (``2026-01-01T09:30:00.000000+00:00``)."""
+    if at.tzinfo is not UTC:  # a commit's time is UTC already: the same text without a copy
+        at = at.astimezone(UTC)
+    return at.isoformat(timespec="microseconds")
+
+
+def iso_time_or_none(at: datetime | None) -> str | None:
+    """``iso_time(at)``, or None for no time."""
+    return None if at is None else iso_time(at)
 
 
 def parse_time(text: Any) -> datetime | None:

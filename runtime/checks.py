@@ -7,6 +7,8 @@
   mode of one that exists (runtime/files.py); the hint gives the ``chmod`` that fixes it.
 - ``runtime.E001``: a SQLite database is on a network file system; the backend would refuse to
   open it anyway, this says so before anything starts.
+- ``runtime.E002``: ``settings.RUNTIME`` holds a key the runtime does not know, or a value it
+  does not accept (``runtime.conf``).
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 
+from runtime import conf
 from runtime.host import files
+
+# Django's SQLite backend, and the runtime's own (runtime.storage.sqlite), by their ENGINE.
+SQLITE_ENGINES = ("sqlite3", "runtime.storage.sqlite")
 
 
 def sqlite_databases(databases: Mapping[str, Mapping[str, Any]]) -> list[Path]:
     """The files of the SQLite databases among ``databases`` (settings.DATABASES's shape)."""
     paths = []
     for config in databases.values():
-        if str(config.get("ENGINE", "")).endswith("sqlite3"):
+        if str(config.get("ENGINE", "")).endswith(SQLITE_ENGINES):
             path = files.database_path(config.get("NAME"))
             if path is not None:
                 paths.append(path)
@@ -85,3 +91,9 @@ def check_private_files(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
 @register("runtime")
 def check_sqlite_filesystem(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     return network_filesystem_errors(settings.DATABASES)
+
+
+@register("runtime")
+def check_runtime_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return [Error(line, id="runtime.E002")
+            for line in conf.runtime_problems(getattr(settings, "RUNTIME", {}))]

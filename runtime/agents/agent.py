@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.utils.module_loading import import_string
 
 from runtime.agents.llm import LLM
 from runtime.agents.policy import PolicyDecision, Request, allow_all
 from runtime.agents.tools import Tool, ToolSpec
+from runtime.conf import setting
 from runtime.errors import ToolNotRegistered, UnknownAgent
 
 
@@ -74,7 +74,7 @@ class _Registry:
         with self._lock:
             if self._loaded is None:
                 found: dict[str, Agent] = {}
-                for path in settings.RUNTIME.get("AGENTS", []):
+                for path in setting("AGENTS"):
                     obj = import_string(path)
                     for agent in obj if isinstance(obj, list | tuple) else [obj]:
                         found[agent.name] = agent

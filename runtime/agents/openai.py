@@ -8,7 +8,6 @@ so each failed attempt is recorded in the run's audit log rather than retried ou
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime import conf
 from runtime.agents.llm import (
     Decision,
     FinalAnswer,
@@ -29,8 +29,8 @@ from runtime.agents.llm import (
     Usage,
 )
 from runtime.agents.tools import ToolSpec
-from runtime.canonical import dumps, max_payload_depth
-from runtime.errors import LLMError
+from runtime.canonical import dumps, parse_json
+from runtime.errors import InvalidPayload, LLMError
 
 # Statuses worth asking again: request timeout, conflict, rate limit, and every server error.
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
@@ -95,18 +95,15 @@ class OpenAIChat:
         """Build from ``RUNTIME_LLM_BASE_URL``, ``RUNTIME_LLM_MODEL`` and (optional, local
         servers need none) ``RUNTIME_LLM_API_KEY``; ``RUNTIME_LLM_TIMEOUT`` in seconds."""
         env = os.environ if environ is None else environ
-        missing = [name for name in (ENV_BASE_URL, ENV_MODEL) if not env.get(name, "").strip()]
+        url, model = conf.value(ENV_BASE_URL, env).strip(), conf.value(ENV_MODEL, env).strip()
+        missing = [name for name, given in ((ENV_BASE_URL, url), (ENV_MODEL, model))
+                   if not given]
         if missing:
             raise ImproperlyConfigured(f"{' and '.join(missing)} must be set to configure the LLM "
-                              f"(e.g. {ENV_BASE_URL}=http://127.0.0.1:8000/v1)")
-        if env.get(ENV_TIMEOUT, "").strip():
-            try:
-                kw.setdefault("timeout", float(env[ENV_TIMEOUT]))
-            except ValueError:
-                raise ImproperlyConfigured(f"{ENV_TIMEOUT} must be a number of seconds, "
-                                  f"not {env[ENV_TIMEOUT]!r}") from None
-        return cls(env[ENV_BASE_URL].strip(), env[ENV_MODEL].strip(),
-                   env.get(ENV_API_KEY, "").strip() or None, **kw)
+                                       f"(e.g. {ENV_BASE_URL}=http://127.0.0.1:8000/v1)")
+        if env.get(ENV_TIMEOUT, "").strip():  # else the constructor's own default
+            kw.setdefault("timeout", conf.value(ENV_TIMEOUT, env))
+        return cls(url, model, conf.value(ENV_API_KEY, env).strip() or None, **kw)
 
     # -- the LLM interface ------------------------------------------------------------------
 
@@ -198,9 +195,9 @@ def parse_response(response: httpx.Response) -> LLMResponse:
                        retryable=retryable, status=status,
                        retry_after=retry_after(response.headers.get("Retry-After")))
     try:
-        data = response.json()
-    except RecursionError:
-        raise _malformed(status, "the body is nested too deeply to parse") from None
+        data = parse_json("the body", response.content, limited=False)
+    except InvalidPayload as exc:
+        raise _malformed(status, f"the body is {exc.reason}") from None
     except ValueError:
         raise _malformed(status, "the body is not JSON") from None
     try:
@@ -243,11 +240,11 @@ def _tool_call(raw: Any, status: int) -> ToolCall:
         raise _malformed(status, f"a tool call without a function name: {_short(raw)}")
     arguments = function.get("arguments")
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except RecursionError:
-            raise _malformed(status, f"tool call {name!r} has arguments nested deeper than "
-                                     f"{max_payload_depth()} levels") from None
+        try:  # their limits are the step's to apply: a value past them fails the step
+            arguments = parse_json("tool call arguments", arguments, limited=False) \
+                if arguments.strip() else {}
+        except InvalidPayload as exc:
+            raise _malformed(status, f"tool call {name!r} has arguments {exc.reason}") from None
         except ValueError:
             raise _malformed(status, f"tool call {name!r} has arguments that are not JSON: "
                                      f"{_short(arguments)}") from None
@@ -275,9 +272,9 @@ def _malformed(status: int, why: str) -> LLMError:
 
 def _error_detail(response: httpx.Response) -> str:
     try:
-        error = response.json().get("error")
+        error = parse_json("the error", response.content, limited=False).get("error")
         detail = error.get("message") if isinstance(error, dict) else error
-    except (ValueError, AttributeError, RecursionError):
+    except (InvalidPayload, ValueError, AttributeError):
         detail = None
     return _short(detail if detail else response.text or response.reason_phrase)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
+from runtime.conf import setting
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,6 @@ def default_expiry_seconds(agent: str) -> float | None:
     settings ``RUNTIME["APPROVAL_EXPIRES_SECONDS"]``, a mapping of agent name (or ``"*"`` for
     all) to seconds; none by default (such approvals wait for a person)."""
 
-    table = settings.RUNTIME.get("APPROVAL_EXPIRES_SECONDS") or {}
+    table = setting("APPROVAL_EXPIRES_SECONDS") or {}
     seconds = table.get(agent, table.get("*"))
     return None if seconds is None else float(seconds)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_type_hints
+from typing import Any, get_type_hints
 
 import pydantic
 
+from runtime.effects import Effect, EffectName
 from runtime.errors import InvalidArguments
-
-EffectName = Literal["read_only", "side_effect"]
 
 
 @dataclass
@@ -59,12 +58,13 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
     ) -> None:
-        if effect not in ("read_only", "side_effect"):
-            raise ValueError(f"effect must be 'read_only' or 'side_effect', not {effect!r}")
+        if effect not in Effect.values:
+            raise ValueError(f"effect must be one of {', '.join(map(repr, Effect.values))}, "
+                             f"not {effect!r}")
         self.fn = fn
         self.name = name or fn.__name__
         self.effect: str = effect
-        self.max_attempts = max_attempts or (3 if effect == "read_only" else 1)
+        self.max_attempts = max_attempts or (3 if effect == Effect.READ_ONLY else 1)
         self.dispatches = dispatches
         self.description = description or inspect.cleandoc(fn.__doc__ or "")
         self.takes_ctx, self.args_model = _arguments_model(fn, self.name)

@@ -11,14 +11,16 @@ from datetime import datetime
 from typing import Any
 
 from runtime.approvals.rules import (
-    RESOLVABLE,
+    DECIDED_STATUS,
+    Decision,
+    already_decided,
     approval_past_deadline,
-    approval_request_intact,
-    four_eyes_blocks,
+    decision_refusal,
+    too_late,
 )
 from runtime.canonical import check_payload, request_digest
 from runtime.clock import SYSTEM_CLOCK
-from runtime.errors import ApprovalConflict, FourEyesViolation, InvalidDecision, InvalidPayload
+from runtime.errors import ApprovalConflict, InvalidDecision, InvalidPayload
 from runtime.models import (
     Approval,
     ApprovalStatus,
@@ -34,36 +36,41 @@ from runtime.storage.plan import Fence, Plan
 
 def approve(approval_id: int, by: str, note: str = "", *, now: datetime | None = None) -> Approval:
     """Authorize exactly one more start of the approved request; the run is queued."""
-    return _decide(approval_id, by, note, ApprovalStatus.APPROVED, now=now)
+    return approval_decide(approval_id, Decision.APPROVE, by, note, now=now)
 
 
 def reject(approval_id: int, by: str, note: str, *, now: datetime | None = None) -> Approval:
     """End the run ``failed``/``rejected``; the tool is not called again."""
-    if not note or not note.strip():
-        raise InvalidDecision(approval_id, "a rejection needs a note saying why")
-    return _decide(approval_id, by, note, ApprovalStatus.REJECTED, now=now)
+    return approval_decide(approval_id, Decision.REJECT, by, note, now=now)
 
 
 def resolve(
     approval_id: int, by: str, result: Any, note: str = "", *, now: datetime | None = None
 ) -> Approval:
     """The operator checked the outside world: record ``result`` as the step's and continue."""
+    return approval_decide(approval_id, Decision.RESOLVE, by, note, result=result, now=now)
+
+
+def approval_decide(approval_id: int, decision: Decision | str, by: str, note: str = "", *,
+                    result: Any = None, now: datetime | None = None) -> Approval:
+    """Make ``decision`` on the approval as ``by`` (the console's pages and the JSON API both
+    decide through here). Refused with the typed error ``rules.decision_refusal`` names, or
+    ``InvalidDecision`` for a bad input (no name, a rejection without a note, a result that
+    cannot be stored), changing nothing; ``ApprovalConflict`` if someone decided first."""
     try:
-        data = check_payload("resolved result", result)
-    except InvalidPayload as exc:
-        raise InvalidDecision(approval_id, str(exc)) from None
-    return _decide(approval_id, by, note, ApprovalStatus.RESOLVED, result=data, now=now)
-
-
-def _decide(
-    approval_id: int,
-    by: str,
-    note: str,
-    status: str,
-    *,
-    result: Any = None,
-    now: datetime | None = None,
-) -> Approval:
+        decision = Decision(decision)
+    except ValueError:
+        raise InvalidDecision(approval_id, f"unknown decision {decision!r}; one of "
+                              f"{', '.join(Decision)}") from None
+    if decision == Decision.REJECT and (not note or not note.strip()):
+        raise InvalidDecision(approval_id, "a rejection needs a note saying why")
+    if decision == Decision.RESOLVE:
+        try:
+            result = check_payload("resolved result", result)
+        except InvalidPayload as exc:
+            raise InvalidDecision(approval_id, str(exc)) from None
+    else:
+        result = None
     if not by:
         raise InvalidDecision(approval_id, "a decision needs the name of who made it")
     now = now or SYSTEM_CLOCK.now()
@@ -71,25 +78,16 @@ def _decide(
         approval = Approval.objects.select_related("run", "step").get(pk=approval_id)
     except (Approval.DoesNotExist, ValueError, TypeError):
         raise InvalidDecision(approval_id, "no such approval") from None
-    if approval.status != ApprovalStatus.PENDING:
-        raise _already_decided(approval)
-    if approval_past_deadline(approval, now):
-        raise _too_late(approval)
-    if status == ApprovalStatus.RESOLVED and approval.kind not in RESOLVABLE:
-        raise InvalidDecision(approval_id, "resolve applies to interrupted steps only; "
-                              "a policy approval is approved or rejected")
+    refusal = decision_refusal(approval, decision, by, now)
+    if refusal is not None:
+        raise refusal
     step, run = approval.step, approval.run
-    if status != ApprovalStatus.REJECTED:
-        if not approval_request_intact(approval):
-            raise ApprovalConflict(approval_id, "its stored request does not match its digest, "
-                                   "so what it shows is not what would run; it can only be "
-                                   "rejected", status=approval.status,
-                                   reason_code="stale")
-        _check_four_eyes(approval, by)
+    # The step moved on from the request this approval holds (a concurrent change): stale.
     if approval.digest != request_digest(step.tool, step.arguments, step.effect):
         raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
                                "the request this approval was for", status=approval.status,
                                reason_code="stale")
+    status = DECIDED_STATUS[decision]
     plan = Plan(run_id=run.pk, at=now, actor=by, head=run.event_hash,
                 fence=Fence(seq=run.event_seq, status=(RunStatus.WAITING,)))
     plan.approval_move(approval.pk, ApprovalStatus.PENDING, open_at=now, status=status,
@@ -100,9 +98,9 @@ def _decide(
     except Refused:
         approval.refresh_from_db()
         if approval.status != ApprovalStatus.PENDING:
-            raise _already_decided(approval) from None
+            raise already_decided(approval) from None
         if approval_past_deadline(approval, now):
-            raise _too_late(approval) from None
+            raise too_late(approval) from None
         raise ApprovalConflict(approval_id, "the run changed while deciding; try again",
                                status=approval.status, reason_code="retry") from None
     log_events(committed.rows)
@@ -110,11 +108,6 @@ def _decide(
         notify_ready()
     approval.refresh_from_db()
     return approval
-
-
-def _check_four_eyes(approval: Approval, by: str) -> None:
-    if four_eyes_blocks(approval, by):
-        raise FourEyesViolation(approval.pk, approval.run_id, by)
 
 
 def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,
@@ -139,18 +132,3 @@ def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,
         plan.step_update(approval.step, status=StepStatus.REJECTED, finished_at=plan.at)
         plan.run.update(status=RunStatus.FAILED, failure_code=FailureCode.REJECTED,
                         failure_message=message, planned=[])
-
-
-def _too_late(approval: Approval) -> ApprovalConflict:
-    when = approval.expires_at.isoformat(timespec="seconds")
-    return ApprovalConflict(approval.pk, f"already expired at {when}: too late to decide",
-                            status=ApprovalStatus.EXPIRED, decided_at=approval.expires_at,
-                            reason_code="expired")
-
-
-def _already_decided(approval: Approval) -> ApprovalConflict:
-    when = approval.decided_at.isoformat(timespec="seconds") if approval.decided_at else "?"
-    who = approval.decided_by or "the runtime"
-    return ApprovalConflict(
-        approval.pk, f"already {approval.status} by {who} at {when}", status=approval.status,
-        decided_by=approval.decided_by, decided_at=approval.decided_at)

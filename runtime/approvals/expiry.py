@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from runtime.canonical import iso_time
 from runtime.clock import SYSTEM_CLOCK
 from runtime.models import (
     Approval,
@@ -36,8 +37,8 @@ def approvals_expire(now: datetime, *, limit: int = 100) -> list[int]:
         message = (f"nobody decided on the call to {approval.tool} on step {step.index} "
                    f"before its deadline ({when})")
         plan.event("approval.expired", {"approval_id": approval.pk, "kind": approval.kind,
-                                        "expires_at": approval.expires_at.isoformat(
-                                            timespec="microseconds"), "message": message},
+                                        "expires_at": iso_time(approval.expires_at),
+                                        "message": message},
                    step.index)
         plan.event("run.failed", {"code": FailureCode.APPROVAL_EXPIRED.value,
                                   "message": message})

@@ -1,21 +1,47 @@
 """The rules of deciding, written once: which decisions exist, which apply to an approval, and who
-may make them."""
+may make them. The console offers, the JSON API lists and accepts, and the runtime
+(``runtime.approvals.decisions``) carries out exactly what ``decision_refusal`` allows
+(``approval_decisions`` lists it)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-
-from django.conf import settings
+from enum import StrEnum
 
 from runtime.canonical import request_digest
-from runtime.models import (
-    Approval,
-    ApprovalKind,
-    ApprovalStatus,
-    Effect,
+from runtime.clock import SYSTEM_CLOCK
+from runtime.conf import setting
+from runtime.effects import Effect
+from runtime.errors import (
+    AgentRuntimeError,
+    ApprovalConflict,
+    FourEyesViolation,
+    InvalidDecision,
 )
+from runtime.models import Approval, ApprovalKind, ApprovalStatus
 
-RESOLVABLE = (ApprovalKind.INTERRUPTED_SIDE_EFFECT, ApprovalKind.RECONCILE)
+
+class Decision(StrEnum):
+    """What a person may decide on an approval (design §8), in the order they are offered."""
+
+    APPROVE = "approve"  # run the same request once more
+    RESOLVE = "resolve"  # it happened: record the result the person found, and go on
+    REJECT = "reject"  # end the run; the tool is not called again
+
+
+# The status a decision moves its approval to.
+DECIDED_STATUS = {Decision.APPROVE: ApprovalStatus.APPROVED,
+                  Decision.RESOLVE: ApprovalStatus.RESOLVED,
+                  Decision.REJECT: ApprovalStatus.REJECTED}
+
+# Approvals about a call that may already have happened: a person may resolve them with what
+# they found. A policy approval asks before a first call: it is approved or rejected.
+RESOLVABLE_KINDS = (ApprovalKind.INTERRUPTED_SIDE_EFFECT, ApprovalKind.RECONCILE)
+
+
+def approval_resolvable(approval: Approval) -> bool:
+    """Whether ``approval`` may be resolved with a result (its call may have happened)."""
+    return approval.kind in RESOLVABLE_KINDS
 
 
 def approval_request_intact(approval: Approval) -> bool:
@@ -27,7 +53,7 @@ def approval_request_intact(approval: Approval) -> bool:
 
 def four_eyes() -> bool:
     """Whether the person who started a run is barred from letting its side effects through."""
-    return bool(settings.RUNTIME.get("FOUR_EYES", False))
+    return bool(setting("FOUR_EYES"))
 
 
 def four_eyes_blocks(approval: Approval, by: str) -> bool:
@@ -37,8 +63,56 @@ def four_eyes_blocks(approval: Approval, by: str) -> bool:
             and bool(approval.run.created_by) and approval.run.created_by == by)
 
 
-def approval_past_deadline(approval: Approval, now: datetime) -> bool:
-    """Whether ``approval`` waits past its deadline: every decision on it is refused as too
-    late, and the next expiry sweep ends it ``expired``."""
+def approval_past_deadline(approval: Approval, now: datetime | None = None) -> bool:
+    """Whether ``approval`` waits past its deadline (by ``now``, else the system clock): every
+    decision on it is refused as too late, and the next expiry sweep ends it ``expired``."""
     return (approval.status == ApprovalStatus.PENDING and approval.expires_at is not None
-            and approval.expires_at <= now)
+            and approval.expires_at <= (now or SYSTEM_CLOCK.now()))
+
+
+def decision_refusal(approval: Approval, decision: Decision, by: str,
+                     now: datetime | None = None) -> AgentRuntimeError | None:
+    """Why ``by`` may not make ``decision`` on ``approval`` now, as the typed error the runtime
+    raises for it, or None when it may: nothing once decided or past its deadline; resolving
+    only where the call may have happened; only rejecting when the stored request does not
+    match its digest, or under four-eyes for the person who started the run."""
+    if approval.status != ApprovalStatus.PENDING:
+        return already_decided(approval)
+    if approval_past_deadline(approval, now):
+        return too_late(approval)
+    if decision == Decision.RESOLVE and not approval_resolvable(approval):
+        return InvalidDecision(approval.pk, "resolve applies to interrupted steps only; a "
+                               "policy approval is approved or rejected")
+    if decision != Decision.REJECT:
+        if not approval_request_intact(approval):
+            return ApprovalConflict(approval.pk, "its stored request does not match its "
+                                    "digest, so what it shows is not what would run; it can "
+                                    "only be rejected", status=approval.status,
+                                    reason_code="stale")
+        if four_eyes_blocks(approval, by):
+            return FourEyesViolation(approval.pk, approval.run_id, by)
+    return None
+
+
+def approval_decisions(approval: Approval, by: str,
+                      now: datetime | None = None) -> list[Decision]:
+    """The decisions ``by`` may make on ``approval`` now, in the order to offer them."""
+    return [d for d in Decision if decision_refusal(approval, d, by, now) is None]
+
+
+def already_decided(approval: Approval) -> ApprovalConflict:
+    """The answer to a decision on an approval someone (or its deadline) decided first."""
+    when = approval.decided_at.isoformat(timespec="seconds") if approval.decided_at else "?"
+    who = approval.decided_by or "the runtime"
+    return ApprovalConflict(
+        approval.pk, f"already {approval.status} by {who} at {when}", status=approval.status,
+        decided_by=approval.decided_by, decided_at=approval.decided_at)
+
+
+def too_late(approval: Approval) -> ApprovalConflict:
+    """The answer to a decision on an approval past its deadline."""
+    assert approval.expires_at is not None
+    when = approval.expires_at.isoformat(timespec="seconds")
+    return ApprovalConflict(approval.pk, f"already expired at {when}: too late to decide",
+                            status=ApprovalStatus.EXPIRED, decided_at=approval.expires_at,
+                            reason_code="expired")

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.audit.replay import replay_problems
+from runtime.audit.compare import replay_problems
 from runtime.models import Event, Run
 from runtime.storage.events import event_hash
 

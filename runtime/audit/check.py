@@ -19,8 +19,8 @@ from django.db import connections
 
 from runtime.audit.chain import EVENT_COLUMNS, chain_check, replay_verdict
 from runtime.audit.checkpoint import checkpoint_verify
+from runtime.audit.compare import replay_compare
 from runtime.audit.creations import creations_verify
-from runtime.audit.replay import replay_compare
 from runtime.models import Approval, Event, Run, RunCreation, Step
 from runtime.schedules.verify import schedules_problems
 from runtime.storage.triggers import (

@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from runtime.canonical import chain_hash, dumps
+from runtime.canonical import chain_hash, dumps, iso_time
+from runtime.conf import setting
 from runtime.errors import AuditKeyError, CheckpointRefused
 from runtime.host.files import open_private
 from runtime.models import AuditCheckpoint, Event, Run, RunCreation
@@ -39,7 +39,7 @@ _CHUNK = 2000
 
 def audit_key() -> bytes:
     """The signing key from settings (``RUNTIME_AUDIT_KEY``); refused when missing or short."""
-    key = str(settings.RUNTIME.get("AUDIT_KEY") or "")
+    key = str(setting("AUDIT_KEY") or "")
     if len(key) < MIN_KEY_LENGTH:
         raise AuditKeyError(
             "RUNTIME_AUDIT_KEY is not set" if not key else
@@ -73,7 +73,7 @@ def checkpoint_take(*, by: str, now: datetime, using: str = "default") -> dict[s
     for run_id, seq, head in runs.iterator(chunk_size=_CHUNK):
         heads.append([run_id, seq, head])
     at = now.astimezone(UTC)
-    fields = {"at": at.isoformat(timespec="microseconds"), "by": by,
+    fields = {"at": iso_time(at), "by": by,
               "creations_seq": creations[0], "creations_hash": creations[1],
               "runs": len(heads), "heads_digest": heads_digest(heads)}
     try:

@@ -13,6 +13,7 @@ from runtime.agents.agent import Agent, Budget
 from runtime.agents.llm import FinalAnswer, ScriptedLLM, ToolCall, Transcript
 from runtime.agents.policy import Allow, PolicyDecision, Request, RequireApproval
 from runtime.agents.tools import tool
+from runtime.effects import Effect
 
 STEPS = 10  # tool steps per bench run (then one final answer)
 
@@ -72,7 +73,7 @@ def _waiting(decide: Any, seconds: float) -> Any:
 
 
 def _approve_writes(request: Request, run: Any) -> PolicyDecision:
-    if request.effect == "side_effect":
+    if request.effect == Effect.SIDE_EFFECT:
         return RequireApproval("bench: approve a no-op write", f"n={request.arguments.get('n')}")
     return Allow()
 

@@ -19,6 +19,7 @@ from django.db import connection
 from django.db.models import Model
 from django.db.models.query import RawQuerySet
 
+from runtime.effects import Effect
 from runtime.leasing.claims import runnable
 from runtime.models import Approval, Run, Step
 from runtime.selectors.approvals import pending
@@ -90,11 +91,11 @@ class Filler:
     def _approvals(self, status: str) -> list[tuple[str, Callable[[int], tuple]]]:
         step = _builder(Step, {"run": lambda pk: pk, "index": 1, "status": "succeeded",
                                "tool": "bench_write", "arguments": {"n": 1},
-                               "effect": "side_effect", "idempotency_key": lambda pk: f"k{pk}",
+                               "effect": Effect.SIDE_EFFECT, "idempotency_key": lambda pk: f"k{pk}",
                                "attempt": 1, "started_at": T0, "finished_at": T0})
         approval = _builder(Approval, {
             "run": lambda pk: pk, "step": lambda pk: pk, "kind": "policy", "status": status,
-            "tool": "bench_write", "arguments": {"n": 1}, "effect": "side_effect",
+            "tool": "bench_write", "arguments": {"n": 1}, "effect": Effect.SIDE_EFFECT,
             "digest": "0" * 64, "title": "bench", "created_at": _at})
         return [step, approval]
 

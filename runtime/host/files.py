@@ -50,6 +50,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime import conf
+
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 DEFAULT_UMASK = 0o077  # added to the process's umask by restrict_umask()
@@ -61,18 +63,10 @@ def restrict_umask(environ: Mapping[str, str] = os.environ) -> int:
     """Make files this process creates from now on private: the umask gains ``077`` (a stricter
     one is kept), or becomes exactly ``RUNTIME_UMASK`` (octal) when that is set. Returns the
     umask now in effect. Call it before anything creates a file (settings make ``var/``)."""
-    wanted = environ.get("RUNTIME_UMASK", "").strip()
-    if wanted:
-        try:
-            mask = int(wanted, 8)
-        except ValueError:
-            mask = -1
-        if not 0 <= mask <= 0o777:
-            raise ImproperlyConfigured(
-                f"RUNTIME_UMASK={wanted!r} is not an octal umask between 000 and 777 "
-                "(for example 077 or 027)")
-        os.umask(mask)
-        return mask
+    wanted = conf.value("RUNTIME_UMASK", environ)  # ConfigError (ImproperlyConfigured)
+    if wanted is not None:
+        os.umask(wanted)
+        return int(wanted)
     old = os.umask(DEFAULT_UMASK)  # the only way to read the umask is to set it
     os.umask(old | DEFAULT_UMASK)
     return old | DEFAULT_UMASK

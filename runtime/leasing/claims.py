@@ -18,15 +18,15 @@ from django.db import connection
 from django.db.models.query import RawQuerySet
 
 from runtime import crashpoints
+from runtime.canonical import iso_time_or_none
 from runtime.clock import SYSTEM_CLOCK
 from runtime.crashpoints import CrashPoint
 from runtime.errors import LeaseLost, RunLeased, RunNotFound, RunNotResumable
 from runtime.leasing.lease import Lease, lease_commit, lease_plan
 from runtime.models import IN_FLIGHT_STEP_STATUSES, Run, RunStatus, Step
 from runtime.storage.base import Refused
-from runtime.storage.engines import engine
+from runtime.storage.engines import engine, lease_expired
 from runtime.storage.events import log_events
-from runtime.storage.leases import lease_expired
 from runtime.storage.plan import Fence, Plan, TakeLease, interrupt_step
 from runtime.storage.protocol import protocol_check
 from runtime.storage.sql import Statement, claim_candidates
@@ -290,7 +290,7 @@ def _claim_plan(run: Run, owner: str, seconds: float, clock: Any,
         plan.event("lease.taken_over", {
             "owner": owner, "epoch": epoch, "lease_seconds": seconds,
             "previous_owner": run.lease_owner, "previous_epoch": run.lease_epoch,
-            "previous_expires_at": _iso(run.lease_expires_at),
+            "previous_expires_at": iso_time_or_none(run.lease_expires_at),
             "reason": reason or "lease expired"})
         plan.event("run.resumed", {"owner": owner, "after": "takeover"})
         if step is not None:
@@ -348,7 +348,3 @@ def _in_flight(run_id: int) -> Step | None:
     """The step a dead or stopping owner left deciding or executing, if any."""
     return (Step.objects.filter(run_id=run_id, status__in=IN_FLIGHT_STEP_STATUSES)
             .order_by("-index").first())
-
-
-def _iso(at: Any) -> str | None:
-    return at.isoformat() if at is not None else None

@@ -23,8 +23,8 @@ from django.db import connection
 
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.leasing.lease import Lease
+from runtime.storage.connections import close_connection
 from runtime.storage.engines import engine
-from runtime.storage.faults import close_connection
 
 log = logging.getLogger("runtime.lease")
 

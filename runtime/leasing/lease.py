@@ -19,10 +19,9 @@ from typing import Any
 from runtime.errors import ApprovalConflict, LeaseLost, one_line
 from runtime.models import Run, RunStatus, Step
 from runtime.storage.base import Committed, Refused
-from runtime.storage.engines import engine, notify_ready
+from runtime.storage.engines import engine, lease_expired, notify_ready
 from runtime.storage.events import build_events, log_events
 from runtime.storage.faults import DATABASE_FAULTS, pause_after_fault
-from runtime.storage.leases import lease_expired
 from runtime.storage.plan import Fence, Plan
 
 log = logging.getLogger("runtime.store")

@@ -8,7 +8,15 @@ from runtime.agents.agent import get_agent
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.errors import RunNotFound, RunNotResumable
 from runtime.loop.driver import Driver
-from runtime.models import Approval, ApprovalStatus, Run, RunStatus, Step, StepStatus
+from runtime.models import (
+    CANCELLABLE_RUN_STATUSES,
+    Approval,
+    ApprovalStatus,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+)
 from runtime.storage.base import Refused
 from runtime.storage.engines import engine
 from runtime.storage.events import log_events
@@ -33,12 +41,11 @@ def cancel(run_id: int, by: str, reason: str = "", *, clock: Clock = SYSTEM_CLOC
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         raise RunNotFound(run_id)
-    cancellable = (RunStatus.QUEUED, RunStatus.WAITING)
-    if run.status not in cancellable:
+    if run.status not in CANCELLABLE_RUN_STATUSES:
         raise RunNotResumable(run.pk, run.status)
     now = clock.now()
     plan = Plan(run_id=run.pk, at=now, actor=by, head=run.event_hash,
-                fence=Fence(seq=run.event_seq, status=cancellable))
+                fence=Fence(seq=run.event_seq, status=CANCELLABLE_RUN_STATUSES))
     for a in Approval.objects.filter(run_id=run.pk, status__in=[
             ApprovalStatus.PENDING, ApprovalStatus.APPROVED]).select_related("step"):
         plan.event("approval.cancelled", {"approval_id": a.pk, "reason": "run cancelled"},

@@ -8,17 +8,16 @@ import random
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
-
 from runtime import crashpoints
 from runtime.agents.llm import Decision, FinalAnswer, LLMResponse, ToolCall
 from runtime.canonical import check_payload, dumps
+from runtime.conf import setting
 from runtime.crashpoints import CrashPoint
 from runtime.errors import InvalidArguments, InvalidPayload, LeaseLost, LLMError, ToolNotRegistered
 from runtime.loop.execution import Execution
 from runtime.models import FailureCode, Step, StepStatus
+from runtime.storage.connections import connection_release
 from runtime.storage.plan import Add, Plan
-from runtime.storage.postgres.pool import connection_release
 
 # The longest a wait before an LLM retry goes without checking the lease and should_stop.
 _WAIT_SLICE = 0.2
@@ -168,15 +167,15 @@ def wait_before_retry(ex: Execution, seconds: float) -> bool:
 
 def _llm_retries(llm: Any) -> int:
     limit = getattr(llm, "max_retries", None)
-    return int(settings.RUNTIME.get("LLM_RETRIES", 3) if limit is None else limit)
+    return int(setting("LLM_RETRIES") if limit is None else limit)
 
 
 def _retry_delay(attempt: int, retry_after: float | None) -> float:
     """Seconds before retry ``attempt + 1``: the server's ``Retry-After`` if it gave one, else
     exponential backoff with jitter; never more than ``RUNTIME["LLM_RETRY_MAX_SECONDS"]``."""
-    cap = float(settings.RUNTIME.get("LLM_RETRY_MAX_SECONDS", 30))
+    cap = float(setting("LLM_RETRY_MAX_SECONDS"))
     if retry_after is None:
-        base = float(settings.RUNTIME.get("LLM_RETRY_BASE_SECONDS", 1))
+        base = float(setting("LLM_RETRY_BASE_SECONDS"))
         delay = base * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
     else:
         delay = retry_after

@@ -11,13 +11,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
-
 from runtime import crashpoints
 from runtime.agents.agent import get_agent
 from runtime.agents.tools import ToolContext
 from runtime.canonical import check_payload
 from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.conf import setting
 from runtime.crashpoints import CrashPoint
 from runtime.errors import InvalidPayload, LeaseLost, UnknownAgent
 from runtime.leasing.claims import Acquired, acquired_crash_points, run_acquire
@@ -26,7 +25,7 @@ from runtime.loop.deciding import decide
 from runtime.loop.execution import Execution
 from runtime.loop.recovery import recover
 from runtime.models import FailureCode, Run, Step, StepStatus
-from runtime.storage.postgres.pool import connection_release
+from runtime.storage.connections import connection_release
 
 
 class Driver:
@@ -44,7 +43,7 @@ class Driver:
         sleep: Callable[[float], Any] | None = None,
     ) -> None:
         self.owner = owner or make_owner(name)
-        self.lease_seconds = float(lease_seconds or settings.RUNTIME.get("LEASE_SECONDS", 30))
+        self.lease_seconds = float(lease_seconds or setting("LEASE_SECONDS"))
         self.clock = clock or SYSTEM_CLOCK
         self.keeper = keeper
         self.owner_is_dead = owner_is_dead

@@ -30,8 +30,9 @@ from runtime.agents.policy import (
     expiry_seconds,
 )
 from runtime.agents.tools import Tool
-from runtime.canonical import request_digest
+from runtime.canonical import iso_time, request_digest
 from runtime.crashpoints import CrashPoint
+from runtime.effects import Effect
 from runtime.errors import LeaseLost
 from runtime.leasing.lease import Lease, lease_commit, lease_plan
 from runtime.models import (
@@ -130,7 +131,7 @@ class Execution:
     @staticmethod
     def attempt_cap_error(step: Step, tool: Tool) -> str:
         """Why an interrupted read-only step may not run again; empty if it may."""
-        if tool.effect == "read_only" and step.attempt >= tool.max_attempts:
+        if tool.effect == Effect.READ_ONLY and step.attempt >= tool.max_attempts:
             return (f"read-only tool {tool.name} was interrupted {step.attempt} times "
                     f"(its cap is {tool.max_attempts})")
         return ""
@@ -260,7 +261,7 @@ class Execution:
             "effect": step.effect, "digest": digest, "attempt": step.attempt,
             "idempotency_key": step.idempotency_key}, step.index)
         if expires_at is not None:
-            payload["expires_at"] = expires_at.isoformat(timespec="microseconds")
+            payload["expires_at"] = iso_time(expires_at)
         plan.approval_create = ApprovalDraft(dict(
             run_id=self.run.pk, step_id=step.pk, kind=kind, tool=step.tool,
             arguments=step.arguments, effect=step.effect, digest=digest, title=title[:300],

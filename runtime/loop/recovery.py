@@ -16,6 +16,7 @@ from typing import Any
 from runtime.agents.reconcile import Complete, Conflict, Continue, ReconcileView, Wait
 from runtime.agents.tools import Tool
 from runtime.canonical import check_payload, request_digest
+from runtime.effects import Effect
 from runtime.errors import InvalidArguments, InvalidPayload
 from runtime.loop.execution import Execution
 from runtime.models import (
@@ -90,7 +91,7 @@ def interrupted(ex: Execution, step: Step) -> Step | None:
     tool, problem = _tool_for(ex, step)
     if problem:
         return _conflict(ex, plan, step, problem)
-    if step.effect == "read_only" and tool.effect == "read_only":
+    if step.effect == Effect.READ_ONLY and tool.effect == Effect.READ_ONLY:
         return _run_again(ex, plan, step, tool)
     if step.dispatches and tool.dispatches and step.dispatched_attempt != step.attempt:
         plan.event("side_effect.auto_confirmed", {
@@ -169,7 +170,7 @@ def call_may_still_land(step: Step, events: list[Event]) -> str:
     """Why the interrupted attempt's call may still take effect from now on, or "" if it
     cannot: it never started, it only read, its dispatch was never recorded (a dispatch after
     the takeover is fenced off), or the worker that started it was proved dead."""
-    if step.effect != "side_effect" or step.attempt == 0:
+    if step.effect != Effect.SIDE_EFFECT or step.attempt == 0:
         return ""
     if step.dispatches and step.dispatched_attempt != step.attempt:
         return ""

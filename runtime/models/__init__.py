@@ -10,6 +10,7 @@ from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus
 from runtime.models.audit import AuditCheckpoint, Event, RunCreation
 from runtime.models.notifications import Notification, NotificationAttempt, NotificationStatus
 from runtime.models.runs import (
+    CANCELLABLE_RUN_STATUSES,
     IN_FLIGHT_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
     Effect,
@@ -23,6 +24,7 @@ from runtime.models.schedules import Schedule, ScheduleEvent
 from runtime.models.workers import Protocol, Worker
 
 __all__ = [
+    "CANCELLABLE_RUN_STATUSES",
     "IN_FLIGHT_STEP_STATUSES",
     "TERMINAL_RUN_STATUSES",
     "Approval",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from runtime.effects import Effect
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
@@ -15,6 +17,8 @@ class RunStatus(models.TextChoices):
 
 
 TERMINAL_RUN_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+# What a person may cancel: a run nobody is executing (queued, or waiting for a decision).
+CANCELLABLE_RUN_STATUSES = (RunStatus.QUEUED, RunStatus.WAITING)
 
 
 class FailureCode(models.TextChoices):
@@ -37,11 +41,6 @@ class StepStatus(models.TextChoices):
 
 
 IN_FLIGHT_STEP_STATUSES = (StepStatus.DECIDING, StepStatus.EXECUTING)
-
-
-class Effect(models.TextChoices):
-    READ_ONLY = "read_only"
-    SIDE_EFFECT = "side_effect"
 
 
 class Run(models.Model):

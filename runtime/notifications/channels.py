@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime.conf import DEFAULTS, setting
 from runtime.models import (
     Approval,
 )
@@ -33,7 +33,7 @@ class Channel:
 def channels() -> list[Channel]:
     """The configured channels; a malformed one is refused naming what is wrong."""
     out = []
-    for n, raw in enumerate(settings.RUNTIME.get("NOTIFY") or []):
+    for n, raw in enumerate(setting("NOTIFY") or []):
         where = f"RUNTIME['NOTIFY'][{n}]"
         if not isinstance(raw, dict):
             raise ImproperlyConfigured(f"{where} is not a mapping")
@@ -55,7 +55,7 @@ def channels() -> list[Channel]:
 
 def approval_link(approval_id: int) -> str:
     """Where a person decides (settings ``RUNTIME["APPROVAL_URL"]``, ``{id}`` filled in)."""
-    pattern = settings.RUNTIME.get("APPROVAL_URL") or "http://127.0.0.1:8000/approvals/{id}/"
+    pattern = setting("APPROVAL_URL") or DEFAULTS["APPROVAL_URL"]
     return pattern.replace("{id}", str(int(approval_id)))
 
 

@@ -26,11 +26,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from django.conf import settings
 from django.core.mail import send_mail
 from django.db import connection, transaction
 
 from runtime import crashpoints
+from runtime.conf import setting
 from runtime.crashpoints import CrashPoint
 from runtime.models import (
     Notification,
@@ -49,7 +49,7 @@ SEND_TIMEOUT = 10.0
 
 def backoff_seconds(attempt: int) -> float:
     """After the ``attempt``-th failure: 5 s, 10 s, 20 s, … up to an hour, with jitter."""
-    base = float(settings.RUNTIME.get("NOTIFY_BACKOFF_SECONDS", 5.0))
+    base = float(setting("NOTIFY_BACKOFF_SECONDS"))
     return min(base * 2 ** (attempt - 1), 3600.0) * random.uniform(0.8, 1.0)
 
 
@@ -95,7 +95,7 @@ def outbox_record(n: Notification, ok: bool, code: int | None, error: str,
                   now: datetime) -> None:
     """Record the attempt and the notification's new state (only if it is still this
     attempt's: a slow sender whose claim ran out records its attempt, changes nothing else)."""
-    limit = int(settings.RUNTIME.get("NOTIFY_MAX_ATTEMPTS", 30))
+    limit = int(setting("NOTIFY_MAX_ATTEMPTS"))
     nxt = None if ok or n.attempts >= limit else now + timedelta(
         seconds=backoff_seconds(n.attempts))
     with transaction.atomic():

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from runtime.canonical import iso_time_or_none
 from runtime.models import Run, Schedule
-from runtime.schedules.changes import _iso
 from runtime.schedules.timing import schedule_timing
 
 
@@ -31,5 +31,6 @@ def standing_authorization(run: Run, now: datetime) -> dict[str, Any] | None:
     if now - run.occurrence_at > schedule_timing(schedule).period(run.occurrence_at):
         return None
     return {"schedule_id": schedule.pk, "schedule": schedule.name,
-            "occurrence": _iso(run.occurrence_at), "authorized_by": schedule.authorized_by,
-            "authorized_at": _iso(schedule.authorized_at)}
+            "occurrence": iso_time_or_none(run.occurrence_at),
+            "authorized_by": schedule.authorized_by,
+            "authorized_at": iso_time_or_none(schedule.authorized_at)}

@@ -17,14 +17,14 @@ schedule once).
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import JSONField, Value
 
 from runtime.agents.agent import get_agent
-from runtime.canonical import chain_hash, check_payload, dumps
+from runtime.canonical import chain_hash, check_payload, dumps, iso_time, iso_time_or_none
 from runtime.errors import InvalidPayload, InvalidSchedule, ScheduleNotFound, UnknownAgent
 from runtime.models import Schedule, ScheduleEvent
 from runtime.schedules.timing import schedule_timing, timing
@@ -40,7 +40,7 @@ EDITABLE = ("agent", "input", "cron", "interval_seconds", "timezone")
 def schedule_event_hash(prev: str, *, schedule_id: int, seq: int, kind: str, payload: Any,
                         actor: str, at: datetime) -> str:
     body = dumps({"schedule": schedule_id, "seq": seq, "kind": kind, "payload": payload,
-                  "actor": actor, "at": at.astimezone(UTC).isoformat(timespec="microseconds")})
+                  "actor": actor, "at": iso_time(at)})
     return chain_hash(prev, body)
 
 
@@ -58,10 +58,6 @@ def _append_in_tx(schedule: Schedule, kind: str, payload: dict[str, Any], actor:
     ScheduleEvent.objects.create(schedule_id=schedule.pk, seq=seq, kind=kind, payload=payload,
                                  actor=actor, at=at, hash=digest)
     schedule.event_seq, schedule.event_hash = seq, digest
-
-
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def _check_agent_and_input(agent: str, input: Any) -> Any:
@@ -99,7 +95,8 @@ def schedule_create(name: str, agent: str, input: Any, *, by: str, now: datetime
             _append_in_tx(schedule, "schedule.created", {
                 "name": name, "agent": agent, "input": data, "cron": when.cron,
                 "interval_seconds": when.interval_seconds, "timezone": timezone,
-                "enabled": enabled, "next_fire_at": _iso(schedule.next_fire_at)}, by, now)
+                "enabled": enabled,
+                "next_fire_at": iso_time_or_none(schedule.next_fire_at)}, by, now)
     except IntegrityError:
         if not Schedule.objects.filter(name=name).exists():
             raise
@@ -142,7 +139,8 @@ def schedule_update(schedule_id: int, *, by: str, now: datetime, **changes: Any)
         if {"cron", "interval_seconds", "timezone"} & diff.keys():
             old_next = schedule.next_fire_at
             schedule.next_fire_at = when.after(now)
-            diff["next_fire_at"] = {"old": _iso(old_next), "new": _iso(schedule.next_fire_at)}
+            diff["next_fire_at"] = {"old": iso_time_or_none(old_next),
+                                    "new": iso_time_or_none(schedule.next_fire_at)}
         for f in EDITABLE:
             setattr(schedule, f, _stored(new[f]) if f == "input" else new[f])
         schedule.updated_at = now
@@ -156,7 +154,7 @@ def schedule_update(schedule_id: int, *, by: str, now: datetime, **changes: Any)
         schedule.input = new["input"]
         _append_in_tx(schedule, "schedule.updated", {"changes": diff}, by, now)
         if revoke:
-            at = _iso(schedule.authorized_at)
+            at = iso_time_or_none(schedule.authorized_at)
             _append_in_tx(schedule, "schedule.unauthorized", {
                 "authorize_side_effects": {
                     "old": {"on": True, "by": schedule.authorized_by, "at": at},
@@ -180,7 +178,8 @@ def schedule_set_enabled(schedule_id: int, enabled: bool, *, by: str, now: datet
         schedule.save(update_fields=["enabled", "next_fire_at", "updated_at"])
         _append_in_tx(schedule, "schedule.enabled" if enabled else "schedule.disabled", {
             "enabled": {"old": not enabled, "new": enabled},
-            "next_fire_at": {"old": _iso(old_next), "new": _iso(schedule.next_fire_at)}},
+            "next_fire_at": {"old": iso_time_or_none(old_next),
+                             "new": iso_time_or_none(schedule.next_fire_at)}},
             by, now)
     return schedule
 
@@ -196,13 +195,14 @@ def schedule_authorize(schedule_id: int, on: bool, *, by: str, now: datetime) ->
         if schedule.authorize_side_effects == on:
             return schedule
         old = {"on": schedule.authorize_side_effects, "by": schedule.authorized_by,
-               "at": _iso(schedule.authorized_at)}
+               "at": iso_time_or_none(schedule.authorized_at)}
         schedule.authorize_side_effects, schedule.updated_at = on, now
         if on:
             schedule.authorized_by, schedule.authorized_at = by, now
         schedule.save(update_fields=["authorize_side_effects", "authorized_by", "authorized_at",
                                      "updated_at"])
-        new = {"on": on, "by": schedule.authorized_by, "at": _iso(schedule.authorized_at)}
+        new = {"on": on, "by": schedule.authorized_by,
+               "at": iso_time_or_none(schedule.authorized_at)}
         _append_in_tx(schedule, "schedule.authorized" if on else "schedule.unauthorized",
                       {"authorize_side_effects": {"old": old, "new": new},
                        "agent": schedule.agent}, by, now)

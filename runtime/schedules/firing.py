@@ -7,9 +7,10 @@ from datetime import datetime
 from django.db import transaction
 
 from runtime.agents.agent import get_agent
+from runtime.canonical import iso_time
 from runtime.errors import InvalidPayload, UnknownAgent
 from runtime.models import Schedule
-from runtime.schedules.changes import _append_in_tx, _iso, log
+from runtime.schedules.changes import _append_in_tx, log
 from runtime.schedules.timing import schedule_timing
 from runtime.storage.runs import run_create_in_tx
 
@@ -45,7 +46,8 @@ def schedules_fire_due(now: datetime, *, limit: int = 50,
                 log.warning("schedule %s: agent %r is not registered here; occurrence %s not "
                             "fired", schedule.name, schedule.agent, occurrence.isoformat())
                 _append_in_tx(schedule, "schedule.missed", {
-                    "occurrence": _iso(occurrence), "reason": f"unknown agent {schedule.agent}"},
+                    "occurrence": iso_time(occurrence),
+                    "reason": f"unknown agent {schedule.agent}"},
                     "system", now)
                 continue
             authorized = schedule.authorized_at if schedule.authorize_side_effects else None
@@ -60,7 +62,7 @@ def schedules_fire_due(now: datetime, *, limit: int = 50,
                 log.warning("schedule %s: occurrence %s not fired: %s", schedule.name,
                             occurrence.isoformat(), exc)
                 _append_in_tx(schedule, "schedule.missed", {
-                    "occurrence": _iso(occurrence), "reason": str(exc)}, "system", now)
+                    "occurrence": iso_time(occurrence), "reason": str(exc)}, "system", now)
                 continue
             created.append(run.pk)
     return created

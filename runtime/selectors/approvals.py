@@ -8,9 +8,9 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from runtime.approvals.rules import RESOLVABLE, approval_request_intact, four_eyes_blocks
-from runtime.approvals.rules import approval_past_deadline as past_deadline
-from runtime.clock import SYSTEM_CLOCK
+from runtime.approvals.rules import approval_decisions as approval_decisions  # re-exported
+from runtime.approvals.rules import approval_past_deadline as approval_past_deadline
+from runtime.approvals.rules import approval_request_intact, approval_resolvable
 from runtime.models import (
     Approval,
     ApprovalKind,
@@ -94,25 +94,6 @@ def approval_version(approval: Approval) -> str:
     return f"{approval.status}.{approval.run.event_seq}"
 
 
-def approval_past_deadline(approval: Approval, now: datetime | None = None) -> bool:
-    """Whether a pending approval's deadline has passed: the runtime refuses any decision on
-    it as too late, and its next expiry sweep ends it ``expired``."""
-    return past_deadline(approval, now or SYSTEM_CLOCK.now())
-
-
-def approval_decisions(approval: Approval, by: str, now: datetime | None = None) -> list[str]:
-    """The decisions ``by`` may make on ``approval`` now, in the order to offer them: none once
-    decided or past its deadline; only rejecting under four-eyes or when the stored request
-    does not match its digest; resolving only where a call may have happened."""
-    if approval.status != ApprovalStatus.PENDING or approval_past_deadline(approval, now):
-        return []
-    if four_eyes_blocks(approval, by) or not approval_request_intact(approval):
-        return ["reject"]
-    if approval.kind in RESOLVABLE:
-        return ["approve", "resolve", "reject"]
-    return ["approve", "reject"]
-
-
 def approval_tampered(approval: Approval) -> bool:
     """Whether the request shown is not the one the approval's digest names."""
     return not approval_request_intact(approval)
@@ -121,7 +102,7 @@ def approval_tampered(approval: Approval) -> bool:
 def approval_outcome_unknown(approval: Approval) -> bool:
     """Whether the request is a side effect that may already have happened: the person must
     check the outside world first. (A policy approval is asked before the call ever runs.)"""
-    return approval.kind in RESOLVABLE and approval.effect == Effect.SIDE_EFFECT
+    return approval_resolvable(approval) and approval.effect == Effect.SIDE_EFFECT
 
 
 def approval_is_policy(approval: Approval) -> bool:

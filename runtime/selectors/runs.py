@@ -7,13 +7,14 @@ from typing import Any
 
 from runtime.clock import SYSTEM_CLOCK
 from runtime.models import (
+    CANCELLABLE_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
     Approval,
     Event,
     Run,
     Step,
 )
-from runtime.storage.leases import lease_expired
+from runtime.storage.engines import lease_expired
 
 
 def events_after(run_id: int, after_seq: int, limit: int) -> tuple[list[Event], bool]:
@@ -67,6 +68,11 @@ def run_lease_live(run: Run) -> bool:
 def run_is_live(run: Run) -> bool:
     """Whether the run can still change (so a page showing it should keep looking)."""
     return run.status not in TERMINAL_RUN_STATUSES
+
+
+def run_cancellable(run: Run) -> bool:
+    """Whether a person may cancel the run now (``runtime.cancel`` refuses the others)."""
+    return run.status in CANCELLABLE_RUN_STATUSES
 
 
 def run_version(run: Run) -> str:

@@ -12,6 +12,7 @@ from django.db.models import OuterRef, Q, Subquery
 
 from runtime.agents.agent import registry
 from runtime.clock import SYSTEM_CLOCK
+from runtime.effects import Effect
 from runtime.models import Run, Schedule, ScheduleEvent
 
 RECENT_RUNS = 5  # the runs of each schedule the list shows
@@ -121,4 +122,4 @@ def agent_side_effect_tools(agent: str) -> list[str] | None:
     found = registry.all().get(agent)
     if found is None:
         return None
-    return sorted(name for name, t in found.tools.items() if t.effect == "side_effect")
+    return sorted(name for name, t in found.tools.items() if t.effect == Effect.SIDE_EFFECT)

@@ -66,6 +66,39 @@ class Engine(Protocol):
 
     def notify_ready(self) -> None: ...
 
+    def worker_storage(self, threads: int) -> WorkerStorage:
+        """What a worker process of ``threads`` threads runs beside its runs on this engine."""
+
+
+class ReadyWatch(Protocol):
+    """How an idle worker hears that a run became ready: PostgreSQL's notifications on a
+    socket, or SQLite's count of other connections' commits, looked at now and then."""
+
+    poll_seconds: float  # the longest wait between looks without a socket to wait on
+
+    def mark(self) -> None:
+        """Before a claim: note what has been seen, so a commit during the claim is news."""
+
+    def fileno(self) -> int | None:
+        """A socket that becomes readable with news, or None (look every ``poll_seconds``)."""
+
+    def news(self, *, readable: bool, woken: bool, wanted: bool) -> bool:
+        """After a wait: whether a run may have become ready since ``mark``, worth a claim
+        now (``wanted``: a slot is free and the last claim found less than it asked for)."""
+
+    def close(self) -> None: ...
+
+
+class WorkerStorage(Protocol):
+    """A worker process's engine-specific services: started before its first claim, stopped
+    after its last run (``stop`` returns what the stop line adds about them)."""
+
+    watch: ReadyWatch
+
+    def start(self) -> None: ...
+
+    def stop(self) -> str: ...
+
 
 def commit_each(engine: Engine, plans: list[Plan], clock: Any) -> list[Committed | BaseException]:
     """Each plan in a commit of its own; each plan's result, or ``Refused``."""

@@ -10,11 +10,11 @@ the triggers, a signed checkpoint kept off the database shows (``runtime.audit.c
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import connections
 
-from runtime.canonical import chain_hash, dumps
+from runtime.canonical import chain_hash, dumps, iso_time
 from runtime.models import RunCreation
 
 # Any constant works; it only has to be the one every run creation takes on PostgreSQL.
@@ -24,7 +24,7 @@ _CREATION_LOCK = 0x72756E6372656174  # "runcreat"
 def creation_hash(prev_hash: str, *, seq: int, run_id: int, agent: str, created_by: str,
                   at: datetime, first_hash: str) -> str:
     body = dumps({"seq": seq, "run": run_id, "agent": agent, "created_by": created_by,
-                  "at": at.astimezone(UTC).isoformat(timespec="microseconds"),
+                  "at": iso_time(at),
                   "first": first_hash})
     return chain_hash(prev_hash, body)
 

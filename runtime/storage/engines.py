@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import BooleanField, ExpressionWrapper
 
 from runtime.errors import one_line
 from runtime.storage.base import Engine
 from runtime.storage.faults import DATABASE_FAULTS
+from runtime.storage.leases import lease_gone_q
 from runtime.storage.sqlite.committer import SqliteEngine
 
 log = logging.getLogger("runtime.store")
@@ -32,6 +35,18 @@ def engine(using: str = DEFAULT_DB_ALIAS) -> Engine:
             raise NotImplementedError(f"the runtime supports SQLite and PostgreSQL, not {vendor}")
         _engines[vendor] = found
     return found
+
+
+def now_expression(clock: Any) -> Any:
+    """The time a lease is judged by, as a query expression (the server's clock, or
+    ``clock``'s value read now)."""
+    return engine().now_expression(clock)
+
+
+def lease_expired(clock: Any) -> ExpressionWrapper:
+    """Whether a run's lease is gone by the database's time (``storage.leases``), as a query
+    expression: claims, the landed check, the diagnosis and the run page all judge it so."""
+    return ExpressionWrapper(lease_gone_q(now_expression(clock)), output_field=BooleanField())
 
 
 def notify_ready() -> None:

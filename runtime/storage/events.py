@@ -10,26 +10,54 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
-from runtime.canonical import chain_hash, dumps
+from runtime.canonical import chain_hash, dumps, iso_time
 from runtime.models import Event
 
 logger = logging.getLogger("runtime.events")
 
-EVENT_KINDS = frozenset(
-    [
-        "run.created", "run.started", "run.resumed", "run.paused", "run.released", "run.succeeded",
-        "run.failed", "run.cancelled", "lease.taken", "lease.taken_over", "lease.released",
-        "step.started", "step.decided", "step.tool_started", "step.tool_dispatched",
-        "step.tool_finished", "step.tool_failed", "step.interrupted", "llm.requested",
-        "llm.responded", "llm.failed", "approval.requested", "approval.granted",
-        "approval.rejected",
-        "approval.resolved", "approval.consumed", "approval.cancelled", "reconcile.decided",
-        "policy.denied", "side_effect.auto_confirmed", "approval.expired",
-    ]
-)
+class EventKind(StrEnum):
+    """Every kind of audit event (design §4): the catalogue, written once. Replay
+    (``runtime.audit.replay``) has a handler for each; an event of any other kind is refused
+    when it is made, and reported when it is found."""
+
+    RUN_CREATED = "run.created"
+    RUN_STARTED = "run.started"
+    RUN_RESUMED = "run.resumed"
+    RUN_PAUSED = "run.paused"
+    RUN_RELEASED = "run.released"
+    RUN_SUCCEEDED = "run.succeeded"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+    LEASE_TAKEN = "lease.taken"
+    LEASE_TAKEN_OVER = "lease.taken_over"
+    LEASE_RELEASED = "lease.released"
+    STEP_STARTED = "step.started"
+    STEP_DECIDED = "step.decided"
+    STEP_TOOL_STARTED = "step.tool_started"
+    STEP_TOOL_DISPATCHED = "step.tool_dispatched"
+    STEP_TOOL_FINISHED = "step.tool_finished"
+    STEP_TOOL_FAILED = "step.tool_failed"
+    STEP_INTERRUPTED = "step.interrupted"
+    LLM_REQUESTED = "llm.requested"
+    LLM_RESPONDED = "llm.responded"
+    LLM_FAILED = "llm.failed"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_GRANTED = "approval.granted"
+    APPROVAL_REJECTED = "approval.rejected"
+    APPROVAL_RESOLVED = "approval.resolved"
+    APPROVAL_CONSUMED = "approval.consumed"
+    APPROVAL_CANCELLED = "approval.cancelled"
+    APPROVAL_EXPIRED = "approval.expired"
+    RECONCILE_DECIDED = "reconcile.decided"
+    POLICY_DENIED = "policy.denied"
+    SIDE_EFFECT_AUTO_CONFIRMED = "side_effect.auto_confirmed"
+
+
+EVENT_KINDS = frozenset(EventKind)
 
 
 @dataclass(frozen=True)
@@ -46,10 +74,6 @@ class EventSpec:
             raise ValueError(f"unknown event kind {self.kind!r}")
 
 
-def _iso(at: datetime) -> str:
-    if at.tzinfo is not UTC:  # a commit's time is UTC already: the same text without a copy
-        at = at.astimezone(UTC)
-    return at.isoformat(timespec="microseconds")
 
 
 def event_hash(
@@ -65,7 +89,7 @@ def event_hash(
 ) -> str:
     body = dumps(
         {"run": run_id, "seq": seq, "kind": kind, "step": step_index, "payload": payload,
-         "actor": actor, "at": _iso(at)}
+         "actor": actor, "at": iso_time(at)}
     )
     return chain_hash(prev_hash, body)
 
@@ -111,14 +135,14 @@ def build_events(
     reference way, so any difference would show as a broken chain.
     """
     rows = []
-    prefix = f'{{"actor":{_str(actor)},"at":"{_iso(at)}","kind":'
+    prefix = f'{{"actor":{_str(actor)},"at":"{iso_time(at)}","kind":'
     suffix = f',"run":{int(run_id)},"seq":'
     for spec in specs:
         seq += 1
         text = dumps(spec.payload)
         step = "null" if spec.step_index is None else str(int(spec.step_index))
         own = prefix if spec.actor is None else (
-            f'{{"actor":{_str(spec.actor)},"at":"{_iso(at)}","kind":')
+            f'{{"actor":{_str(spec.actor)},"at":"{iso_time(at)}","kind":')
         body = f'{own}{_str(spec.kind)},"payload":{text}{suffix}{seq},"step":{step}}}'
         head = chain_hash(head, body)
         rows.append(EventRow(run_id, spec.step_index, seq, spec.kind, spec.payload, text,

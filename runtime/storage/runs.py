@@ -11,7 +11,7 @@ from django.db import (
 )
 from django.db.models import JSONField, Value
 
-from runtime.canonical import check_payload
+from runtime.canonical import check_payload, iso_time, iso_time_or_none
 from runtime.models import Run, RunStatus
 from runtime.storage.creations import run_creation_append_in_tx
 from runtime.storage.engines import notify_ready
@@ -43,10 +43,9 @@ def run_create_in_tx(agent: str, input: Any, *, created_by: str = "", now: datet
                  "authorized_at": origin["authorized_at"]}
         payload["schedule"] = {
             "id": schedule.pk, "name": schedule.name,
-            "occurrence": origin["occurrence_at"].isoformat(timespec="microseconds"),
+            "occurrence": iso_time(origin["occurrence_at"]),
             "skipped": origin["skipped"],
-            "authorized_at": None if origin["authorized_at"] is None
-            else origin["authorized_at"].isoformat(timespec="microseconds"),
+            "authorized_at": iso_time_or_none(origin["authorized_at"]),
             "authorized_by": schedule.authorized_by if origin["authorized_at"] else ""}
     # JSON null is a valid input: stored as JSON, not as SQL NULL (which the column refuses).
     stored = Value(None, JSONField()) if data is None else data

@@ -18,6 +18,7 @@ from django.db.models import DateTimeField, DecimalField, JSONField
 
 from runtime.models import Run, RunStatus, Step
 from runtime.storage.events import EventRow
+from runtime.storage.leases import lease_gone_sql, lease_live_sql
 from runtime.storage.plan import Add, Fence, Plan, TakeLease
 
 
@@ -168,9 +169,9 @@ def _run_update_sql(d: Dialect, shape: list[tuple[str, str]], take: bool, f: Fen
     if f.status:
         where.append(f'"status" IN ({", ".join(["%s"] * len(f.status))})')
     if f.unexpired:
-        where.append(f'"lease_expires_at" > {d.now()}')
+        where.append(lease_live_sql(d.now()))
     if f.expired:
-        where.append(f'"lease_expires_at" <= {d.now()}')
+        where.append(lease_gone_sql(d.now(), held=True))  # a takeover: the run is running
     return f'UPDATE "runtime_run" SET {", ".join(sets)} WHERE {" AND ".join(where)}'
 
 
@@ -189,7 +190,7 @@ def claim_candidates(d: Dialect, now: datetime, *, gone: bool, limit: int,
     params: list[Any] = [*at, RunStatus.RUNNING if gone else RunStatus.QUEUED]
     where = '"status" = %s'
     if gone:
-        where += f' AND ("lease_expires_at" <= {d.now()}'
+        where += f" AND ({lease_gone_sql(d.now(), held=True)}"  # running runs only
         params += at
         if dead_owners:
             where += f' OR "lease_owner" IN ({", ".join(["%s"] * len(dead_owners))})'
@@ -201,9 +202,9 @@ def claim_candidates(d: Dialect, now: datetime, *, gone: bool, limit: int,
     if exclude:
         where += f' AND "id" NOT IN ({", ".join(["%s"] * len(exclude))})'
         params += list(exclude)
-    sql = (f'SELECT {RUN_SELECT}, ("lease_expires_at" IS NULL OR "lease_expires_at" <= '
-           f'{d.now()}) AS "expired" FROM "runtime_run" WHERE {where} ORDER BY "id" '
-           f'LIMIT {int(limit)}{" FOR UPDATE SKIP LOCKED" if lock else ""}')
+    locking = " FOR UPDATE SKIP LOCKED" if lock else ""
+    sql = (f'SELECT {RUN_SELECT}, {lease_gone_sql(d.now())} AS "expired" FROM "runtime_run" '
+           f'WHERE {where} ORDER BY "id" LIMIT {int(limit)}{locking}')
     return Statement(sql, params)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from runtime.audit.chain import verify
 from runtime.clock import SYSTEM_CLOCK
+from runtime.effects import Effect
 from runtime.errors import InvariantViolation
 from runtime.models import (
     Approval,
@@ -93,7 +94,8 @@ def check_invariants(
         report.events += len(events)
         report.approvals_consumed += sum(a.status == ApprovalStatus.CONSUMED for a in approvals)
         report.side_effect_executions += sum(
-            executions.get((run.pk, i), 0) for i, s in steps.items() if s.effect == "side_effect")
+            executions.get((run.pk, i), 0) for i, s in steps.items()
+            if s.effect == Effect.SIDE_EFFECT)
         out += _side_effects_bounded(run, steps, approvals, executions)
         out += _approvals_consumed_once(run, events, approvals)
         out += _every_start_ends(run, events)
@@ -118,7 +120,7 @@ def _side_effects_bounded(run: Run, steps: dict[int, Step], approvals: list[Appr
     for index, step in steps.items():
         seen = executions.get((run.pk, index), 0)
         allowed = 1 + consumed[index]
-        if step.effect == "side_effect" and seen > allowed:
+        if step.effect == Effect.SIDE_EFFECT and seen > allowed:
             found.append(Violation(1, run.pk, index, f"{step.tool} took effect {seen} times "
                                    f"outside; only {allowed} executions were authorized "
                                    f"({consumed[index]} re-run approvals consumed)"))

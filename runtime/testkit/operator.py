@@ -6,41 +6,39 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.approvals import decisions as approvals
-from runtime.models import Approval, ApprovalKind, ApprovalStatus
+from runtime.approvals import rules
+from runtime.approvals.decisions import approval_decide
+from runtime.models import Approval, ApprovalStatus
 
 
 @dataclass(frozen=True)
 class Decision:
     """What a person decides on an approval."""
 
-    action: str  # "approve" | "reject" | "resolve"
+    action: rules.Decision  # "approve" | "resolve" | "reject"
     result: Any = None
     note: str = ""
 
     def __post_init__(self) -> None:
-        if self.action not in ("approve", "reject", "resolve"):
+        if self.action not in set(rules.Decision):
             raise ValueError(f"unknown decision {self.action!r}")
 
     def applies_to(self, approval: Approval) -> bool:
         """Resolve needs an interrupted step; a policy approval is approved or rejected."""
-        return self.action != "resolve" or approval.kind != ApprovalKind.POLICY
+        return self.action != rules.Decision.RESOLVE or rules.approval_resolvable(approval)
 
 
-APPROVE = Decision("approve", note="run it once more")
-REJECT = Decision("reject", note="rejected by the test operator")
+APPROVE = Decision(rules.Decision.APPROVE, note="run it once more")
+REJECT = Decision(rules.Decision.REJECT, note="rejected by the test operator")
 
 
 def resolve_with(result: Any) -> Decision:
-    return Decision("resolve", result=result, note="checked outside: it happened")
+    return Decision(rules.Decision.RESOLVE, result=result, note="checked outside: it happened")
 
 
 def decide(approval_id: int, decision: Decision, by: str = "kit-operator") -> Approval:
-    if decision.action == "approve":
-        return approvals.approve(approval_id, by, decision.note)
-    if decision.action == "reject":
-        return approvals.reject(approval_id, by, decision.note or "rejected")
-    return approvals.resolve(approval_id, by, decision.result, decision.note)
+    note = decision.note or ("rejected" if decision.action == rules.Decision.REJECT else "")
+    return approval_decide(approval_id, decision.action, by, note, result=decision.result)
 
 
 def operate(choose: Callable[[Approval], Decision | None],

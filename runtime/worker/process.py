@@ -16,11 +16,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import connection
 
 from runtime.approvals.expiry import approvals_expire
 from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.conf import setting
 from runtime.errors import LeaseLost, ProtocolMismatch, one_line
 from runtime.host.cpu import Pinned, cpu_pin
 from runtime.host.pids import boot_id, hostname, owner_provably_dead
@@ -32,35 +32,23 @@ from runtime.models import Run, Worker
 from runtime.notifications.channels import channels
 from runtime.notifications.delivery import SEND_TIMEOUT, OutboxSender
 from runtime.schedules.firing import schedules_fire_due
+from runtime.storage.base import ReadyWatch, WorkerStorage
+from runtime.storage.engines import engine
 from runtime.storage.faults import DATABASE_FAULTS, pause_after_fault
-from runtime.storage.postgres.listen import ReadyListener
-from runtime.storage.postgres.pool import connection_pool_start
 from runtime.storage.protocol import protocol_check
-from runtime.storage.sqlite.base import DatabaseWrapper as QueuedSQLite
-from runtime.storage.sqlite.checkpointer import Checkpointer
 from runtime.worker.registration import (
     worker_beat,
     worker_register,
     worker_unregister,
-    writer_summary,
 )
 from runtime.worker.slots import Slot, Wakeup, settle_connection
 
 log = logging.getLogger("runtime.worker")
 
-WATCH_SECONDS = 0.05  # how often an idle worker looks for other connections' commits
 HOUSEKEEPING_SECONDS = 0.5  # how often a worker fires due schedules and expires approvals
 DEAD_OWNERS_SECONDS = 1.0  # how stale the list of this host's dead workers may be
 CLAIM_BATCH = 32  # runs claimed in one transaction at most
 CLAIM_LINGER = 0.02  # how long a free slot may wait for others before it is claimed for
-
-
-def _data_version() -> int | None:
-    """SQLite's count of commits by other connections to this file (None elsewhere)."""
-    if connection.vendor != "sqlite":
-        return None
-    with connection.cursor() as cursor:
-        return cursor.execute("PRAGMA data_version").fetchone()[0]
 
 
 class WorkerProcess:
@@ -82,7 +70,7 @@ class WorkerProcess:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.name, self.concurrency, self.burst = name, concurrency, burst
-        self.lease_seconds = float(lease_seconds or settings.RUNTIME.get("LEASE_SECONDS", 30))
+        self.lease_seconds = float(lease_seconds or setting("LEASE_SECONDS"))
         self.poll_interval, self.grace_seconds = poll_interval, grace_seconds
         self.agents = list(agents or [])
         self.clock = clock
@@ -110,8 +98,7 @@ class WorkerProcess:
         self.refusal: ProtocolMismatch | None = None
         self._dead: list[str] = []
         self._dead_at = float("-inf")
-        self._listener: ReadyListener | None = None
-        self._checkpointer: Checkpointer | None = None
+        self._storage: WorkerStorage | None = None  # the engine's services (started by run)
         self._freed_at: float | None = None  # when a slot first freed since the last claim
         # The last claim round found fewer runs than it asked for: only news of a run made
         # ready (a commit elsewhere, a notification) is worth another look before the poll.
@@ -124,12 +111,10 @@ class WorkerProcess:
         """Work until asked to stop (or, with ``burst``, until nothing is runnable). Exit code:
         0, or 3 when the database speaks another protocol (nothing is claimed)."""
         self.pinned = cpu_pin(self.cpu)  # before any thread of the worker's starts
-        # Runs in flight borrow PostgreSQL connections, not own them: main, keeper, sender.
-        connection_pool_start(self.concurrency + 3)
-        db = connections[DEFAULT_DB_ALIAS]
-        if isinstance(db, QueuedSQLite) and not db.is_in_memory_db():
-            self._checkpointer = Checkpointer()
-            self._checkpointer.start()
+        # The engine's services: SQLite's checkpointer; PostgreSQL's pool, which runs in
+        # flight borrow from, beside the main thread, the heartbeat and the sender.
+        self._storage = storage = engine().worker_storage(self.concurrency + 3)
+        storage.start()
         try:
             if not self._register():
                 return 0  # asked to stop before the database ever answered
@@ -137,9 +122,7 @@ class WorkerProcess:
             log.error("worker %s: %s", self.owner, exc)
             self.refusal = exc
             return 3
-        if connection.vendor == "postgresql":
-            self._listener = ReadyListener()
-            self._listener.fileno()  # LISTEN now, before the first claim: nothing slips by
+        storage.watch.fileno()  # PostgreSQL: LISTEN now, before the first claim
         # What start-up built (Django, the app, the agents) lives as long as the process: kept
         # out of the collector's full passes, which otherwise stop every slot while they walk
         # it (p99 step at 64 in flight: about 185 -> 145 ms).
@@ -159,7 +142,7 @@ class WorkerProcess:
         try:
             while not self._stop.is_set():
                 try:
-                    seen = _data_version()  # before the claim: a commit during it wakes us
+                    storage.watch.mark()  # before the claim: a commit during it is news
                     self._housekeep()
                     claimed = self._fill_slots()
                 except ProtocolMismatch as exc:
@@ -177,21 +160,21 @@ class WorkerProcess:
                 if self.burst and not claimed and not self._running():
                     log.info("worker %s: nothing left to run (burst)", self.owner)
                     break
-                self._idle(seen)
+                self._idle(storage.watch)
         finally:
             self._shutdown()
         return 3 if self.refusal is not None else 0
 
-    def _idle(self, seen: int | None) -> None:
+    def _idle(self, watch: ReadyWatch) -> None:
         """Wait until the next poll, or less: a run that became claimable (an approval, a new
-        run, a release) wakes the worker while it has a free slot. On PostgreSQL it is a
-        notification on the worker's listening connection; on SQLite a commit by another
-        connection, which ``data_version`` shows (one PRAGMA every ``WATCH_SECONDS``; a claim
-        costs the write lock), looked at only while a slot is free and the last claim round ran
-        dry. Slots freed by finished runs are claimed for together: at once when
-        ``claim_batch`` of them are free, else ``CLAIM_LINGER`` seconds after the first (a claim
-        round costs about the same for one run as for thirty-two). A slot counts as free from
-        the moment its run begins the commit that gives its lease up (``_claimable``)."""
+        run, a release) wakes the worker while it has a free slot and its last claim round
+        ran dry. The engine's watch says so: on PostgreSQL a notification on the worker's
+        listening connection; on SQLite a commit by another connection, which
+        ``data_version`` shows. Slots freed by finished runs are claimed for together: at
+        once when ``claim_batch`` of them are free, else ``CLAIM_LINGER`` seconds after the
+        first (a claim round costs about the same for one run as for thirty-two). A slot
+        counts as free from the moment its run begins the commit that gives its lease up
+        (``_claimable``)."""
         deadline = time.monotonic() + self.poll_interval
         while not self._stop.is_set():
             free = self._claimable()
@@ -202,20 +185,11 @@ class WorkerProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            if self._listener is not None:
-                fd = self._listener.fileno()
-                woken, readable = self._wake.wait(left if fd is not None else min(1.0, left),
-                                                  fd)
-                if readable and self._listener.drain() and free > 0 and self._ran_dry:
-                    break
-            else:
-                woken = self._wake.wait(min(WATCH_SECONDS, left))[0]
-                try:
-                    if (not woken and free > 0 and self._ran_dry and seen is not None
-                            and _data_version() != seen):
-                        break
-                except DATABASE_FAULTS:
-                    break  # the claim that follows meets the fault and backs off
+            fd = watch.fileno()
+            woken, readable = self._wake.wait(left if fd is not None
+                                              else min(watch.poll_seconds, left), fd)
+            if watch.news(readable=readable, woken=woken, wanted=free > 0 and self._ran_dry):
+                break
             if woken:
                 self._wake.clear()  # a slot freed, or a stop: look again
         self._wake.clear()
@@ -256,19 +230,12 @@ class WorkerProcess:
         if self._sender is not None:
             self._sender.stop()
             self._sender.join(timeout=SEND_TIMEOUT + 1)
-        if self._listener is not None:
-            self._listener.close()
         self._wake.close()
-        checkpoints = ""
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
-            c = self._checkpointer.stats
-            checkpoints = (f"; checkpoints: {c.checkpoints} ({c.restarts} with the WAL started "
-                           f"over), the WAL at most {c.largest_wal} pages")
+        summary = self._storage.stop() if self._storage is not None else ""
         worker_unregister(self.owner)
         log.info("worker %s stopped (%d runs handled, %d claim conflicts, %d database faults "
-                 "ridden out)%s%s", self.owner, self.finished, self.claim_conflicts, self.faults,
-                 writer_summary(), checkpoints)
+                 "ridden out)%s", self.owner, self.finished, self.claim_conflicts, self.faults,
+                 summary)
         connection.close()
         if self.pinned is not None:
             self.pinned.release()

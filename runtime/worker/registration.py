@@ -1,14 +1,12 @@
 """A worker process's row in the ``Worker`` table (what the console's workers page shows):
 inserted when the process starts, riding out database faults; its heartbeat; removed when it
-stops. And the stop line's account of how the process used SQLite's single writer."""
+stops."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Callable
-
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from runtime.clock import Clock
 from runtime.errors import one_line
@@ -17,9 +15,6 @@ from runtime.models import Worker
 from runtime.storage.engines import engine
 from runtime.storage.faults import DATABASE_FAULTS, pause_after_fault
 from runtime.storage.protocol import protocol_check
-from runtime.storage.sqlite.base import DatabaseWrapper as QueuedSQLite
-from runtime.storage.sqlite.base import writer_stats
-from runtime.storage.sqlite.group import group_stats
 
 log = logging.getLogger("runtime.worker")
 
@@ -59,16 +54,3 @@ def worker_unregister(owner: str) -> None:
         Worker.objects.filter(owner=owner).delete()
     except DATABASE_FAULTS as exc:
         log.warning("worker %s: could not remove its row: %s", owner, one_line(exc))
-
-
-def writer_summary() -> str:
-    """How this process used SQLite's single writer (with the runtime's backend)."""
-    if not isinstance(connections[DEFAULT_DB_ALIAS], QueuedSQLite):
-        return ""
-    w = writer_stats()
-    n = max(w.transactions, 1)
-    g = group_stats()
-    return (f"; write lock: {w.transactions} transactions, held {w.held:.3f} s "
-            f"({w.held / n * 1000:.3f} ms each), waited {w.waited:.3f} s "
-            f"({w.waited / n * 1000:.3f} ms each); group commits: {g.groups} carrying "
-            f"{g.plans} plans (largest {g.largest})")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from django.db import connection
 
 from runtime.leasing.claims import Acquired
-from runtime.storage.postgres.pool import connection_release
+from runtime.storage.connections import connection_release
 
 log = logging.getLogger("runtime.worker")
 
@@ -61,7 +61,7 @@ class Slot:
     """One of a worker's ``concurrency`` executor threads. It lives as long as the worker, so
     a run costs no thread. It keeps its database connection, unless the worker has more threads
     than its PostgreSQL pool has connections: then it borrows one only while its run talks to
-    the database (``store.connection_release``)."""
+    the database (``storage.connections.connection_release``)."""
 
     def __init__(self, name: str, execute: Callable[[Slot, Acquired], None]) -> None:
         """``execute(slot, acquired)`` runs one claimed run on the slot's thread and hands the

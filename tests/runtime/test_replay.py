@@ -39,7 +39,8 @@ from runtime import (
 )
 from runtime.agents.agent import registry
 from runtime.approvals.decisions import approve, reject, resolve
-from runtime.audit.replay import REPLAYED_KINDS, replay_events, replay_problems
+from runtime.audit.compare import replay_problems
+from runtime.audit.replay import REPLAYED_KINDS, replay_events
 from runtime.benchkit.db import use_database
 from runtime.canonical import request_digest
 from runtime.crashpoints import OFF_STEP_POINTS, CrashPoint

@@ -29,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count
 
 from demo import world
+from runtime import conf
 from runtime.host.files import private_dir, private_file
 from runtime.host.pids import die_with_parent
 from runtime.loop.control import start
@@ -63,7 +64,7 @@ class Command(BaseCommand):
             raise CommandError("--runs >= 0, --workers >= 1 and 0 <= --chaos <= 1, please")
         if opts["llm"] == "openai":
             missing = [v for v in ("RUNTIME_LLM_BASE_URL", "RUNTIME_LLM_MODEL")
-                       if not os.environ.get(v)]
+                       if not conf.value(v).strip()]
             if missing:
                 raise CommandError(f"--llm openai needs {', '.join(missing)} in the environment")
         self.rng = random.Random(opts["seed"])
@@ -105,10 +106,11 @@ class Command(BaseCommand):
         user_model = get_user_model()
         user = user_model.objects.filter(username="operator").first()
         if user is None:
-            password = os.environ.get("CONSOLE_PASSWORD") or secrets.token_urlsafe(12)
+            given = conf.value("CONSOLE_PASSWORD")
+            password = given or secrets.token_urlsafe(12)
             user = user_model.objects.create_user("operator", password=password,
                                                   is_staff=True)
-            shown = "from CONSOLE_PASSWORD" if os.environ.get("CONSOLE_PASSWORD") else password
+            shown = "from CONSOLE_PASSWORD" if given else password
             self.stdout.write(f"created the operator account: username operator, password "
                               f"{shown} (shown once)")
         else:

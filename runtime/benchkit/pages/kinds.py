@@ -24,6 +24,7 @@ from runtime.benchkit.pages.stories import (
     Story,
     long_duration,
 )
+from runtime.effects import Effect
 
 
 class StoryKinds:
@@ -88,13 +89,13 @@ class StoryKinds:
     def _read(self, st: Story, agent: str, n: int, order: dict[str, Any]) -> dict[str, Any]:
         """The agent's read-only tool, once."""
         if agent == "refund-desk":
-            return st.tool_step("lookup_order", {"order_id": order["order_id"]}, "read_only",
+            return st.tool_step("lookup_order", {"order_id": order["order_id"]}, Effect.READ_ONLY,
                                 order)
         if agent == "hello":
             lang = st.input["language"]
-            return st.tool_step("look_up_greeting", {"language": lang}, "read_only",
+            return st.tool_step("look_up_greeting", {"language": lang}, Effect.READ_ONLY,
                                 LANGUAGES[lang])
-        return st.tool_step("bench_read", {"n": n}, "read_only", {"n": n})
+        return st.tool_step("bench_read", {"n": n}, Effect.READ_ONLY, {"n": n})
 
     def _write_request(self, st: Story, agent: str, order: dict[str, Any],
                        n: int = 1) -> tuple[str, dict[str, Any], bool]:
@@ -133,7 +134,7 @@ class StoryKinds:
             self._read(st, agent, 1, order)
         step = st.start_step()
         tool, arguments, _ = self._write_request(st, agent, order)
-        st.decide(step, tool, arguments, "side_effect")
+        st.decide(step, tool, arguments, Effect.SIDE_EFFECT)
         title, detail = self._policy_title(agent, arguments)
         return st.pause(step, "policy", title, detail)
 
@@ -145,7 +146,7 @@ class StoryKinds:
         self._read(st, agent, 1, order)
         step = st.start_step()
         tool, arguments, dispatches = self._write_request(st, agent, order)
-        st.decide(step, tool, arguments, "side_effect")
+        st.decide(step, tool, arguments, Effect.SIDE_EFFECT)
         st.start_tool(step, dispatches, decided=True)
         started, who = st.t, st.owner
         st.take_over(self.rng.choice([o for o in self.owners.recent if o != first]), step)
@@ -184,14 +185,14 @@ class StoryKinds:
             if k >= 2:
                 tool, arguments, dispatches = self._write_request(st, agent, order)
                 step = st.start_step()
-                st.decide(step, tool, arguments, "side_effect")
+                st.decide(step, tool, arguments, Effect.SIDE_EFFECT)
                 st.start_tool(step, dispatches, decided=True)
                 st.finish_tool(step, self._write_result(st, agent, order, step))
         else:
             for n in range(1, k + 1):
                 if agent == "bench_write":
                     step = st.start_step()
-                    st.decide(step, "bench_write", {"n": n}, "side_effect")
+                    st.decide(step, "bench_write", {"n": n}, Effect.SIDE_EFFECT)
                     st.start_tool(step, decided=True)
                     st.finish_tool(step, {"n": n})
                 else:
@@ -217,7 +218,7 @@ class StoryKinds:
                 agent, "bench_read")
             arguments = {"order_id": order["order_id"]} if agent == "refund-desk" else \
                 {"language": st.input["language"]} if agent == "hello" else {"n": k + 1}
-            st.decide(step, tool, arguments, "read_only")
+            st.decide(step, tool, arguments, Effect.READ_ONLY)
             st.start_tool(step, decided=True)
         expires = st.t + timedelta(seconds=LEASE)
         st.row.update(lease_owner=st.owner, lease_expires_at=expires)
@@ -283,13 +284,13 @@ class StoryKinds:
             if index % 2:
                 order = self._order(rng, dear=(index + 1) % 100 == 0)
                 step = st.start_step()
-                st.decide(step, "lookup_order", {"order_id": order["order_id"]}, "read_only")
+                st.decide(step, "lookup_order", {"order_id": order["order_id"]}, Effect.READ_ONLY)
                 st.start_tool(step, decided=True)
                 st.finish_tool(step, order)
                 continue
             step = st.start_step()
             arguments = {"order_id": order["order_id"], "amount_cents": order["amount_cents"]}
-            st.decide(step, "issue_refund", arguments, "side_effect")
+            st.decide(step, "issue_refund", arguments, Effect.SIDE_EFFECT)
             if index % 100 == 0:
                 title, detail = self._policy_title("refund-desk", arguments)
                 approval = st.pause(step, "policy", title, detail)
@@ -311,6 +312,6 @@ class StoryKinds:
                 st.start_tool(step, True, decided=True)
             st.finish_tool(step, self._write_result(st, agent, order, step))
         step = st.start_step()  # the step in flight: a lookup, started
-        st.decide(step, "lookup_order", {"order_id": order["order_id"] + 1}, "read_only")
+        st.decide(step, "lookup_order", {"order_id": order["order_id"] + 1}, Effect.READ_ONLY)
         st.start_tool(step, decided=True)
         st.row.update(lease_owner=st.owner, lease_expires_at=st.t + timedelta(seconds=LEASE))

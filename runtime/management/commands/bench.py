@@ -37,6 +37,7 @@ from runtime.benchkit.floor import cpu_scaling, floor
 from runtime.benchkit.pages import FULL, QUICK, PostgresLoader, Sizes, SqliteLoader
 from runtime.benchkit.pages import measure as measure_pages
 from runtime.benchkit.steps import durable_steps
+from runtime.effects import Effect
 
 # (default, --quick) sizes: the default run stays under 3 minutes, --quick under 30 s.
 SIZES: dict[str, tuple[Any, Any]] = {
@@ -178,7 +179,8 @@ class Command(BaseCommand):
         self.step("ceiling, floor and durable steps")
         disk()
         steps = []
-        for agent, effect in (("bench_read", "read_only"), ("bench_write", "side_effect")):
+        for agent, effect in (("bench_read", Effect.READ_ONLY),
+                              ("bench_write", Effect.SIDE_EFFECT)):
             steps.append({"effect": effect, **durable_steps(agent, size["step_runs"])})
             disk()
         r["ceiling"] = {"commits_per_s": statistics.median(samples), "samples": samples}

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from runtime import crashpoints
+from runtime import conf, crashpoints
 from runtime.agents.agent import registry
 from runtime.errors import UnknownAgent
 from runtime.host.cpu import parse_cpu
@@ -38,7 +38,7 @@ class Command(BaseCommand):
         parser.add_argument("--grace-seconds", type=float, default=30.0)
         parser.add_argument("--burst", action="store_true", help="drain what is runnable, exit")
         parser.add_argument("--agents", nargs="*", default=[], help="only runs of these agents")
-        parser.add_argument("--cpu", default=os.environ.get("RUNTIME_WORKER_CPU", "off"),
+        parser.add_argument("--cpu", default=str(conf.value("RUNTIME_WORKER_CPU")),
                             help="confine the worker to one CPU: auto (one no other worker "
                             "of this host holds), a CPU number, or off (default; "
                             "RUNTIME_WORKER_CPU sets another)")

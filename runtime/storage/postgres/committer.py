@@ -25,7 +25,10 @@ from runtime.models import Event, Step
 from runtime.storage.approval_rows import write_approvals_in_tx
 from runtime.storage.base import Committed, Refused, commit_each, database_time, fill
 from runtime.storage.events import build_events
+from runtime.storage.leases import lease_live_sql
 from runtime.storage.plan import Plan
+from runtime.storage.postgres.background import PostgresWorkerStorage
+from runtime.storage.postgres.listen import CHANNEL
 from runtime.storage.sql import (
     EVENT_COLUMNS,
     STEP_COLUMNS,
@@ -37,8 +40,6 @@ from runtime.storage.sql import (
     step_insert_params,
     step_update,
 )
-
-CHANNEL = "runtime_ready"
 
 
 class PostgresDialect(Dialect):
@@ -139,12 +140,12 @@ class PostgresEngine:
         if database_time(clock):
             sql = ('UPDATE "runtime_run" SET "lease_expires_at" = clock_timestamp() + '
                    '%s * interval \'1 second\' WHERE "status" = \'running\' AND '
-                   f'"lease_expires_at" > clock_timestamp() {match}')
+                   f'{lease_live_sql("clock_timestamp()")} {match}')
             params: list[Any] = [seconds, ids, epochs, owners]
         else:
             now = clock.now()
             sql = ('UPDATE "runtime_run" SET "lease_expires_at" = %s WHERE "status" = '
-                   f'\'running\' AND "lease_expires_at" > %s {match}')
+                   f'\'running\' AND {lease_live_sql("%s")} {match}')
             params = [now + timedelta(seconds=seconds), now, ids, epochs, owners]
         found = run_sql(db, sql, params).fetchall()
         return {(run_id, epoch, owner): at.astimezone(UTC)
@@ -171,6 +172,9 @@ class PostgresEngine:
         db.ensure_connection()
         with db.wrap_database_errors:
             db.connection.execute(f"NOTIFY {CHANNEL}")
+
+    def worker_storage(self, threads: int) -> PostgresWorkerStorage:
+        return PostgresWorkerStorage(threads)
 
 
 def run_sql(db: Any, sql: str, params: list[Any]) -> Any:

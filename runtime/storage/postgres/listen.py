@@ -1,6 +1,6 @@
 """Waking idle workers on PostgreSQL: ``LISTEN runtime_ready`` on a connection of their own.
 
-``notify_ready`` (``runtime.leasing.lease``) sends the notification after every commit that makes a
+``notify_ready`` (``storage.engines``) sends the notification after every commit that makes a
 run ready (created, approved or resolved, released to the queue); PostgreSQL delivers it to
 every listener. A lost listening connection is reopened on the next wait; what was notified
 while it was down is found by the next poll.
@@ -15,9 +15,9 @@ import time
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from runtime.storage.postgres.committer import CHANNEL
-
 log = logging.getLogger("runtime.worker")
+
+CHANNEL = "runtime_ready"  # what a commit that made a run ready notifies
 
 
 class ReadyListener:

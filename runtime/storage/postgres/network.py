@@ -18,7 +18,7 @@ needs the few connections its runs use at one moment, not one per run (PostgreSQ
 ``max_connections`` is 100).
 
 Plain data, no Django: settings modules call :func:`with_network_options` on a ``DATABASES``
-entry (``RUNTIME_PG_NETWORK_TIMEOUT`` seconds, 15 by default).
+entry (``RUNTIME_PG_NETWORK_TIMEOUT`` seconds; the variables are declared in ``runtime.conf``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-DEFAULT_TIMEOUT = 15.0
-MIN_TIMEOUT, MAX_TIMEOUT = 2.0, 3600.0
-DEFAULT_POOL_SIZE = 20
-MAX_POOL_SIZE = 1000
+from runtime import conf
+from runtime.conf import BY_NAME, PG_NETWORK_TIMEOUTS, PG_POOL_MAX
+
+DEFAULT_TIMEOUT: float = BY_NAME["RUNTIME_PG_NETWORK_TIMEOUT"].default
+MIN_TIMEOUT, MAX_TIMEOUT = PG_NETWORK_TIMEOUTS
+DEFAULT_POOL_SIZE: int = BY_NAME["RUNTIME_PG_POOL_SIZE"].default
+MAX_POOL_SIZE = PG_POOL_MAX
 
 
 def postgres_network_options(options: Mapping[str, Any] | None = None,
@@ -62,13 +65,8 @@ def postgres_network_options(options: Mapping[str, Any] | None = None,
 
 
 def network_timeout(environ: Mapping[str, str] = os.environ) -> float:
-    """``RUNTIME_PG_NETWORK_TIMEOUT`` (seconds), or the default."""
-    raw = environ.get("RUNTIME_PG_NETWORK_TIMEOUT", "")
-    try:
-        return float(raw) if raw else DEFAULT_TIMEOUT
-    except ValueError:
-        raise ValueError(f"RUNTIME_PG_NETWORK_TIMEOUT must be a number of seconds, not {raw!r}")\
-            from None
+    """``RUNTIME_PG_NETWORK_TIMEOUT`` (seconds), or the default (``runtime.conf``)."""
+    return float(conf.value("RUNTIME_PG_NETWORK_TIMEOUT", environ))
 
 
 def with_network_options(config: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
@@ -82,16 +80,8 @@ def with_network_options(config: dict[str, Any], timeout: float | None = None) -
 
 def pool_size(environ: Mapping[str, str] = os.environ) -> int:
     """``RUNTIME_PG_POOL_SIZE``: the most connections a worker process opens (0: no pool, a
-    connection per thread)."""
-    raw = environ.get("RUNTIME_PG_POOL_SIZE", "").strip()
-    try:
-        size = int(raw) if raw else DEFAULT_POOL_SIZE
-    except ValueError:
-        size = -1
-    if not 0 <= size <= MAX_POOL_SIZE:
-        raise ValueError(f"RUNTIME_PG_POOL_SIZE must be a whole number from 0 (no pool) to "
-                         f"{MAX_POOL_SIZE}, not {raw!r}")
-    return size
+    connection per thread; ``runtime.conf``)."""
+    return int(conf.value("RUNTIME_PG_POOL_SIZE", environ))
 
 
 def with_pool(config: dict[str, Any], size: int | None = None,

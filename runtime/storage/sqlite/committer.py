@@ -19,6 +19,7 @@ from runtime.crashpoints import CrashPoint
 from runtime.storage.approval_rows import write_approvals_in_tx
 from runtime.storage.base import Committed, Refused, commit_each, fill
 from runtime.storage.events import build_events
+from runtime.storage.leases import lease_live_sql
 from runtime.storage.plan import Plan
 from runtime.storage.sql import (
     EVENT_COLUMNS,
@@ -31,6 +32,7 @@ from runtime.storage.sql import (
     step_insert_params,
     step_update,
 )
+from runtime.storage.sqlite.background import SqliteWorkerStorage
 from runtime.storage.sqlite.base import DatabaseWrapper as QueuedSQLite
 from runtime.storage.sqlite.base import absolute
 from runtime.storage.sqlite.group import Ticket, group_committer
@@ -224,7 +226,7 @@ class SqliteEngine:
         d = SqliteDialect(db)
         marks = ", ".join(["(?, ?, ?)"] * len(leases))
         sql = ('UPDATE "runtime_run" SET "lease_expires_at" = ? WHERE "status" = \'running\' '
-               'AND "lease_expires_at" > ? AND ("id", "lease_epoch", "lease_owner") IN '
+               f'AND {lease_live_sql("?")} AND ("id", "lease_epoch", "lease_owner") IN '
                f'(VALUES {marks}) RETURNING "id", "lease_epoch", "lease_owner"')
         with write_transaction(lean=True):
             now = clock.now()
@@ -249,6 +251,9 @@ class SqliteEngine:
 
     def notify_ready(self) -> None:
         """Idle workers see other connections' commits in ``PRAGMA data_version``."""
+
+    def worker_storage(self, threads: int) -> SqliteWorkerStorage:
+        return SqliteWorkerStorage()
 
 
 _STEP_INSERT_COLUMNS = [f'"{STEP_COLUMNS[n][0]}"' for n in STEP_INSERT]

@@ -1,0 +1,230 @@
+"""The endpoints: programs read the queue, decide approvals and start runs, with the console's
+permissions and the runtime's rules (nothing here restates them). Decisions and starts go
+through ``runtime.approvals`` and ``runtime.loop.control``; reads through
+``runtime.selectors``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.http import HttpRequest, HttpResponse
+from ninja import Query, Schema
+
+from console.api.app import api
+from console.api.cursors import approval_cursor, cursor_encode, event_cursor
+from console.api.errors import ApiError, conflict
+from console.api.idempotency import IDEMPOTENCY_KEY, idempotent
+from console.api.schemas import (
+    ERRORS,
+    STEPS_SHOWN,
+    ApprovalOut,
+    ApprovalPage,
+    DecideIn,
+    EventPage,
+    RunIn,
+    RunOut,
+    StepOut,
+)
+from console.permissions import DECIDE, VIEW
+from runtime import selectors
+from runtime.approvals.decisions import approval_decide
+from runtime.approvals.rules import Decision
+from runtime.canonical import check_payload
+from runtime.errors import (
+    ApprovalConflict,
+    FourEyesViolation,
+    InvalidArguments,
+    InvalidDecision,
+    InvalidPayload,
+    UnknownAgent,
+)
+from runtime.loop.control import start
+from runtime.models import Approval, ApprovalStatus, Event, Run, Step
+
+START = "runtime.add_run"  # Django's default "add" permission of the Run model
+MAX_LIMIT = 200
+
+
+# -- authentication ------------------------------------------------------------------------
+
+
+# -- schemas ---------------------------------------------------------------------------------
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def _user(request: HttpRequest, perm: str) -> AbstractBaseUser:
+    user = request.auth  # type: ignore[attr-defined]
+    if not user.has_perm(perm):
+        raise ApiError("forbidden", f"this needs the permission {perm}")
+    return user
+
+
+def _steps(run_id: int) -> tuple[list[StepOut], int]:
+    tail = selectors.steps_tail(run_id, limit=STEPS_SHOWN)
+    return [_step(s) for s in tail.rows], tail.total
+
+
+def _step(step: Step) -> StepOut:
+    return StepOut(index=step.index, status=step.status, tool=step.tool, effect=step.effect,
+                   arguments=step.arguments, result=step.result, error=step.error,
+                   attempt=step.attempt, started_at=step.started_at,
+                   finished_at=step.finished_at)
+
+
+def _summary(a: Approval) -> dict[str, Any]:
+    return {"id": a.pk, "run_id": a.run_id, "agent": a.run.agent, "step_index": a.step.index,
+            "kind": a.kind, "status": a.status, "tool": a.tool, "effect": a.effect,
+            "title": a.title, "digest": a.digest, "created_at": a.created_at,
+            "expires_at": a.expires_at}
+
+
+def _approval(a: Approval, by: str) -> ApprovalOut:
+    steps, total = _steps(a.run_id)
+    return ApprovalOut(**_summary(a), arguments=a.arguments, detail=a.detail,
+                       decided_by=a.decided_by or None, decided_at=a.decided_at, note=a.note,
+                       result=a.result, decisions=selectors.approval_decisions(a, by),
+                       steps=steps, steps_total=total)
+
+
+def _run(run: Run) -> RunOut:
+    steps, total = _steps(run.pk)
+    return RunOut(id=run.pk, agent=run.agent, status=run.status, input=run.input,
+                  output=run.output, failure_code=run.failure_code,
+                  failure_message=run.failure_message, created_by=run.created_by,
+                  created_at=run.created_at, updated_at=run.updated_at,
+                  event_seq=run.event_seq, steps=steps, steps_total=total)
+
+
+def _text(what: str, value: str) -> str:
+    """Free text within the payload rules (no NUL, no lone surrogate: both engines store it)."""
+    try:
+        return check_payload(what, value)
+    except InvalidPayload as exc:
+        raise ApiError("invalid", str(exc)) from None
+
+
+def _json(model: Schema) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+# -- endpoints -------------------------------------------------------------------------------
+
+
+@api.get("/approvals/", response={200: ApprovalPage, **ERRORS}, url_name="approvals",
+         summary="Pending approvals, oldest first")
+def list_approvals(request: HttpRequest, cursor: str | None = Query(None, max_length=500),
+                   limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> dict[str, Any]:
+    """The queue, oldest first, a page at a time: keyset pagination, so no approval is
+    skipped or repeated while others are added or decided."""
+    _user(request, VIEW)
+    rows, more = selectors.approvals_after(approval_cursor(cursor), limit)
+    last = rows[-1] if rows else None
+    return {"items": [_summary(a) for a in rows],
+            "next_cursor": cursor_encode([last.created_at.isoformat(), last.pk])
+            if more and last else None}
+
+
+@api.get("/approvals/{approval_id}", response={200: ApprovalOut, **ERRORS},
+         url_name="approval", summary="One approval: the request and its run's steps")
+def get_approval(request: HttpRequest, approval_id: int) -> ApprovalOut:
+    user = _user(request, VIEW)
+    approval = selectors.approval_for_page(approval_id)
+    if approval is None:
+        raise ApiError("not_found", f"no approval {approval_id}")
+    return _approval(approval, user.get_username())
+
+
+@api.post("/approvals/{approval_id}/decide", response={200: ApprovalOut, **ERRORS},
+          url_name="decide", summary="Approve, resolve or reject an approval")
+def decide(request: HttpRequest, approval_id: int, payload: DecideIn,
+           idempotency_key: str | None = IDEMPOTENCY_KEY) -> HttpResponse:
+    """Decides on the request whose digest is ``expected_digest`` and no other. Of two callers
+    deciding at once exactly one wins; the other gets 409 ``already_decided``."""
+    user = _user(request, DECIDE)
+    by = user.get_username()
+    body = payload.model_dump(mode="json", exclude_unset=True)
+
+    def answer() -> tuple[int, dict[str, Any]]:
+        approval = selectors.approval_for_page(approval_id)
+        if approval is None:
+            raise ApiError("not_found", f"no approval {approval_id}")
+        if payload.decision == Decision.RESOLVE and "result" not in payload.model_fields_set:
+            raise ApiError("invalid", "resolve needs the call's result",
+                           errors=[{"loc": ["body", "payload", "result"], "msg": "required",
+                                    "type": "missing"}])
+        note = _text("note", payload.note)
+        if approval.digest != payload.expected_digest \
+                and approval.status == ApprovalStatus.PENDING:
+            raise ApiError("stale", "the approval's request is not the one you decided on "
+                           "(expected_digest differs); read it again", status=approval.status)
+        try:
+            approval_decide(approval.pk, payload.decision, by, note, result=payload.result)
+        except ApprovalConflict as exc:
+            raise conflict(exc) from None
+        except FourEyesViolation as exc:
+            raise ApiError("forbidden", str(exc)) from None
+        except InvalidDecision as exc:
+            raise ApiError("invalid", exc.reason) from None
+        fresh = selectors.approval_for_page(approval.pk)
+        return 200, _json(_approval(fresh, by))
+
+    return idempotent(request, user, {"approval": approval_id, **body}, answer)
+
+
+@api.post("/runs", response={201: RunOut, **ERRORS}, url_name="runs",
+          summary="Start a run (needs runtime.add_run)")
+def start_run(request: HttpRequest, payload: RunIn,
+              idempotency_key: str | None = IDEMPOTENCY_KEY) -> HttpResponse:
+    """Queues a run of ``agent`` started by the caller (who four-eyes then bars from letting
+    its side effects through)."""
+    user = _user(request, START)
+    body = payload.model_dump(mode="json")
+
+    def answer() -> tuple[int, dict[str, Any]]:
+        agent = _text("agent", payload.agent)
+        try:
+            run = start(agent, payload.input, created_by=user.get_username())
+        except UnknownAgent as exc:
+            raise ApiError("invalid", str(exc), errors=[
+                {"loc": ["body", "payload", "agent"], "msg": "unknown agent",
+                 "type": "value_error"}]) from None
+        except (InvalidPayload, InvalidArguments) as exc:
+            raise ApiError("invalid", str(exc)) from None
+        return 201, _json(_run(selectors.run_for_page(run.pk)))
+
+    return idempotent(request, user, body, answer)
+
+
+@api.get("/runs/{run_id}", response={200: RunOut, **ERRORS}, url_name="run",
+         summary="One run and its latest steps")
+def get_run(request: HttpRequest, run_id: int) -> RunOut:
+    _user(request, VIEW)
+    run = selectors.run_for_page(run_id)
+    if run is None:
+        raise ApiError("not_found", f"no run {run_id}")
+    return _run(run)
+
+
+@api.get("/runs/{run_id}/events", response={200: EventPage, **ERRORS}, url_name="events",
+         summary="A run's events in order (its audit log), a page at a time")
+def run_events(request: HttpRequest, run_id: int,
+               cursor: str | None = Query(None, max_length=500),
+               limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> dict[str, Any]:
+    _user(request, VIEW)
+    if selectors.run_for_page(run_id) is None:
+        raise ApiError("not_found", f"no run {run_id}")
+    rows, more = selectors.events_after(run_id, event_cursor(cursor), limit)
+    return {"items": [_event(e) for e in rows],
+            "next_cursor": cursor_encode([rows[-1].seq]) if more and rows else None}
+
+
+def _event(e: Event) -> dict[str, Any]:
+    return {"seq": e.seq, "kind": e.kind, "step_index": e.step_index, "payload": e.payload,
+            "actor": e.actor, "at": e.at}
