@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import DEFAULT_DB_ALIAS
 
-from runtime.benchkit import workers as procs
+from runtime.benchkit import workers
 from runtime.benchkit.ceiling import ceiling as sqlite_ceiling
 from runtime.benchkit.db import sqlite_config, use_database
 from runtime.benchkit.floor import cpu_scaling
@@ -104,7 +104,7 @@ def measure(dbs: dict[str, Any], logs: Path, size: dict[str, Any],
     r["processes"] = []
     for n in PROCESSES:
         step(f"postgresql: {n} process(es) x 1 thread")
-        r["processes"].append(procs.throughput(dbs["url"], logs, processes=n, threads=1,
+        r["processes"].append(workers.throughput(dbs["url"], logs, processes=n, threads=1,
                                                runs=size["worker_runs"]))
     return r
 

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connections
 
-from runtime.benchkit import inflight, postgres, procs, report, scale
+from runtime.benchkit import inflight, postgres, report, scale, workers
 from runtime.benchkit.ceiling import ceiling
 from runtime.benchkit.db import bench_database, point_default_at, use_database
 from runtime.benchkit.floor import cpu_scaling, floor
@@ -196,14 +196,14 @@ class Command(BaseCommand):
         r["concurrency"] = []
         for processes, threads in CONFIGS:
             self.step(f"{processes} process(es) x {threads} thread(s)")
-            r["concurrency"].append(procs.throughput(
+            r["concurrency"].append(workers.throughput(
                 path, logs, processes=processes, threads=threads, runs=size["worker_runs"]))
         r["writer_limit"] = report.writer_limit(r)
         self.step("approval to restart")
-        r["approvals"] = procs.approval_latency(path, logs, count=size["approvals"])
+        r["approvals"] = workers.approval_latency(path, logs, count=size["approvals"])
         self.step("worker memory")
         first, total = size["rss_runs"]
-        r["rss"] = procs.worker_rss(path, logs, first=first, total=total)
+        r["rss"] = workers.worker_rss(path, logs, first=first, total=total)
         self.step("query scaling")
         scale_path = directory / "scale.sqlite3"
         shutil.move(template, scale_path)
