@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Test processes: one per CPU (pytest-xdist). Tests that hold a machine-wide resource (CPUs
+# claimed by workers, network namespaces) share one process ("machine" group), in turn.
+PYTEST_JOBS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_JOBS) --dist loadgroup
 
-.PHONY: install test lint demo crash-table chaos partition-soak bench clean
+.PHONY: install test test-quick check docs lint demo crash-table chaos partition-soak bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,20 +20,36 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-lint: install
+# The static checks: lint, the import contracts (pyproject.toml [tool.importlinter]) and the
+# type checker.
+check: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
-test: install
+lint: check
+
+# Every test: both engines (PostgreSQL must be running), the browser, real processes.
+test: check
+	$(PY) -m pytest $(PYTEST_PARALLEL)
+
+# The SQLite unit and contract tests, for a contributor without PostgreSQL: a few minutes.
+test-quick: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(VENV)/bin/lint-imports
+	RUNTIME_TEST_ENGINES=sqlite $(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow" -q
+
+# The documentation site on http://127.0.0.1:8001/ (Ctrl-C stops it).
+docs: install
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 # The console on http://127.0.0.1:8000/, two supervised workers and the refund-desk agent,
 # on the embedded SQLite database under var/ (Ctrl-C stops everything).
 demo: install
 	$(PY) manage.py demo $(DEMO_ARGS)
 
-# Regenerate the README's crash-safety table from a real run of the crash matrix (on SQLite;
-# the same matrix on PostgreSQL writes test-output/crash-matrix-postgres.md).
+# Regenerate the crash-safety table from a real run of the crash matrix (on SQLite; the same
+# matrix on PostgreSQL writes test-output/crash-matrix-postgres.md).
 crash-table: install
 	$(PY) -m pytest tests/runtime/test_crash_matrix.py -q
 	@cat test-output/crash-matrix.md
@@ -46,6 +66,6 @@ partition-soak: install
 clean:
 	rm -rf $(VENV) var/*.sqlite3* .pytest_cache
 
-# Benchmarks against this disk's own fsync ceiling (prints a table; see README "Performance").
+# Benchmarks against this disk's own fsync ceiling (prints a table; see docs/performance.md).
 bench: install
 	$(PY) manage.py bench $(BENCH_ARGS)

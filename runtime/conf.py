@@ -178,7 +178,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RUNTIME_LEASE_SECONDS", number(1, 86400), 30.0, "How long a worker's lease on a "
              "run lasts; its heartbeat renews it every third of that.", "runtime",
              key="LEASE_SECONDS"),
-    Variable("RUNTIME_MAX_PAYLOAD_BYTES", integer(1024, 64 * MiB, "a number of bytes"), MiB,
+    Variable("RUNTIME_MAX_PAYLOAD_BYTES", integer(1, 64 * MiB, "a number of bytes"), MiB,
              "The largest JSON value stored: a run's input, a tool's arguments or result, a "
              "decision's result.", "runtime", key="MAX_PAYLOAD_BYTES"),
     Variable("RUNTIME_MAX_PAYLOAD_DEPTH", integer(4, 200, "a number of levels"), 32,

@@ -2,7 +2,7 @@
 
 The same code must keep the same promises on SQLite and on PostgreSQL (design §1, §12), so a
 contract test opts into both engines with ``@pytest.mark.engines`` (or a module's
-``pytestmark``) and asks for ``edb``: a fresh migrated database on this test's engine, which
+``pytestmark``) and asks for ``database``: a fresh migrated database on this test's engine, which
 Django's default connection points at for the test. PostgreSQL is mandatory: without a server
 the PostgreSQL half of every such test fails, it never skips.
 

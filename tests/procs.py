@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from runtime.testkit.databases import Database, database_url
@@ -15,21 +14,9 @@ from runtime.testkit.databases import Database, database_url
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 30, what: str = "condition"):
-    """Poll ``predicate`` until it is truthy (a condition wait, bounded; not a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 class SpawnedWorker:
     """``manage.py runworker`` in a subprocess, its stderr kept in a file. ``db`` is a SQLite
-    file (``Path``), a database URL, or a test's ``edb``."""
+    file (``Path``), a database URL, or a test's ``database``."""
 
     def __init__(self, db: Database, test_dir: Path, *args: str, env: dict | None = None,
                  tag: str = "worker") -> None:

@@ -21,6 +21,7 @@ PostgreSQL server binaries (``initdb``, ``pg_ctl``; found under ``/usr/lib/postg
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import glob
 import os
@@ -236,6 +237,9 @@ class DelayProxy:
     def __init__(self, listen: tuple[str, int], target: tuple[str, int], delay: float = 0.0,
                  jitter: float = 0.0, seed: int = 0) -> None:
         self.listen, self.target, self.delay, self.jitter = listen, target, delay, jitter
+        # How long each chunk was held before it went on (its delay and jitter, and any wait
+        # behind the chunk ahead of it), newest last: what a test checks instead of a clock.
+        self.held: collections.deque[float] = collections.deque(maxlen=1000)
         self._rng = random.Random(seed)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -305,7 +309,9 @@ class DelayProxy:
         def due() -> float:  # never before the chunk ahead of it: a link keeps order
             nonlocal last
             extra = self._rng.uniform(0, self.jitter) if self.jitter else 0.0
-            last = max(last, self._loop.time() + self.delay + extra)
+            now = self._loop.time()
+            last = max(last, now + self.delay + extra)
+            self.held.append(last - now)
             return last
 
         try:

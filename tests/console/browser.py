@@ -18,7 +18,8 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_play
 
 from runtime.models import Run
 from tests.console.conftest import PASSWORD
-from tests.procs import ROOT, wait_until
+from tests.procs import ROOT
+from tests.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
@@ -99,9 +100,9 @@ class Server:
 
 
 @pytest.fixture
-def server(rdb: Path, tmp_path: Path, static_root: Path) -> Iterator[Server]:
+def server(sqlite_path: Path, tmp_path: Path, static_root: Path) -> Iterator[Server]:
     """Started at once, waited for on first use, so it boots while the workers crash."""
-    srv = Server(rdb, tmp_path, static_root)
+    srv = Server(sqlite_path, tmp_path, static_root)
     try:
         yield srv
     finally:

@@ -36,7 +36,7 @@ def _plain_static_storage(settings) -> None:
 
 
 @pytest.fixture
-def make_user(rdb) -> Callable[..., User]:
+def make_user(sqlite_path) -> Callable[..., User]:
     def make(username: str, *perms: str, staff: bool = False, superuser: bool = False,
              password: str | None = None) -> User:
         """A user; without ``password`` it cannot log in by form (tests use force_login, and
@@ -98,7 +98,7 @@ def pay_agent(name: str, ledger: Ledger, to: str = XSS) -> Agent:
 
 
 @pytest.fixture
-def interrupted(rdb, tmp_path, clock) -> Iterator[Callable[..., Waiting]]:
+def interrupted(sqlite_path, tmp_path, clock) -> Iterator[Callable[..., Waiting]]:
     """Make runs whose `send` went out and was interrupted before its result was recorded;
     each waits on an ``interrupted_side_effect`` approval."""
     ledger = Ledger(tmp_path / "ledger")
@@ -117,7 +117,7 @@ def interrupted(rdb, tmp_path, clock) -> Iterator[Callable[..., Waiting]]:
 
 
 @pytest.fixture
-def policy_paused(rdb, tmp_path, clock) -> Iterator[Callable[[], Waiting]]:
+def policy_paused(sqlite_path, tmp_path, clock) -> Iterator[Callable[[], Waiting]]:
     """Make runs paused by their policy before `charge` starts (a ``policy`` approval)."""
     ledger = Ledger(tmp_path / "ledger")
 

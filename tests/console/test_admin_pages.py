@@ -71,8 +71,8 @@ def test_times_show_milliseconds_and_the_zone(interrupted, superuser):
         superuser.get("/admin/runtime/step/").content.decode()
 
 
-def test_actor_filter_lists_people_and_live_workers_not_every_dead_worker(rdb, clock, make_user,
-                                                                          superuser):
+def test_actor_filter_lists_people_and_live_workers_not_every_dead_worker(
+        sqlite_path, clock, make_user, superuser):
     make_user("alice")
     make_user("bob")  # never acted: nothing to filter on
     run = start("hello", {"name": "n"}, created_by="alice", clock=clock)

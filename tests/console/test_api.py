@@ -415,7 +415,7 @@ def test_admin_creates_a_token_shown_once(make_user):
     assert token not in page and row.token_hash not in page
 
 
-def test_openapi_schema_is_served(rdb):
+def test_openapi_schema_is_served(sqlite_path):
     schema = Client().get("/api/openapi.json").json()
     assert "/api/approvals/{approval_id}/decide" in schema["paths"]
     assert schema["components"]["securitySchemes"]

@@ -155,7 +155,7 @@ def test_policy_approval_offers_no_resolve(policy_paused, operator):
     assert "Outcome unknown" not in html
 
 
-def test_unknown_approval_is_404(operator, rdb):
+def test_unknown_approval_is_404(operator, sqlite_path):
     assert operator.get("/approvals/999/").status_code == 404
 
 
@@ -279,7 +279,7 @@ def test_unknown_decision_is_400(interrupted, operator):
     assert snapshot(w.run.pk) == before
 
 
-def test_decisions_need_the_csrf_token(interrupted, rdb, make_user):
+def test_decisions_need_the_csrf_token(interrupted, sqlite_path, make_user):
     from django.test import Client
 
     w = interrupted()

@@ -23,7 +23,8 @@ from runtime.models import Approval, Step
 from tests.console.agents import AGENTS, RECIPIENT
 from tests.console.browser import AGENTS_ENV, shot, wait_for_run
 from tests.kit import Ledger
-from tests.procs import SpawnedWorker, wait_until
+from tests.procs import SpawnedWorker
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ class Interrupted:
 
 
 @pytest.fixture
-def crashed(rdb: Path, tmp_path: Path, spawn) -> Iterator[Callable[[], Interrupted]]:
+def crashed(sqlite_path: Path, tmp_path: Path, spawn) -> Iterator[Callable[[], Interrupted]]:
     """A `payout` run whose worker was SIGKILLed right after recording the start of `pay`; a
     fresh worker (still running, so it executes whatever is decided) took it over and paused
     it on an ``interrupted_side_effect`` approval."""

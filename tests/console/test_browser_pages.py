@@ -165,7 +165,7 @@ def test_back_to_the_queue_finds_the_selection(interrupted, people, log_in):
         re.compile(r"\bselected\b"))
 
 
-def test_a_long_run_page_in_the_browser(rdb, people, log_in):
+def test_a_long_run_page_in_the_browser(sqlite_path, people, log_in):
     run = long_run(5000)
     people("olga")
     page = log_in("olga")

@@ -21,7 +21,8 @@ import pytest
 
 from tests.console.browser import _free_port
 from tests.console.conftest import PASSWORD
-from tests.procs import ROOT, wait_until
+from tests.procs import ROOT
+from tests.waiting import wait_until
 
 HOST = "console.example.com"
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"  # logging's asctime
@@ -127,11 +128,11 @@ class Proxied:
 
 
 @pytest.fixture
-def behind_proxy(rdb: Path, static_root: Path, tmp_path: Path) -> Iterator[Proxied]:
+def behind_proxy(sqlite_path: Path, static_root: Path, tmp_path: Path) -> Iterator[Proxied]:
     """gunicorn on loopback with the production environment, on this test's database; the
     test plays the TLS proxy (Host, X-Forwarded-Proto, X-Forwarded-For)."""
     url = f"http://127.0.0.1:{_free_port()}"
-    env = production(static_root, DATABASE_URL=f"sqlite:///{rdb}",
+    env = production(static_root, DATABASE_URL=f"sqlite:///{sqlite_path}",
                      CONSOLE_LOGIN_FAILURE_LIMIT="3")
     log = tmp_path / "gunicorn.log"
     with open(log, "w") as out:

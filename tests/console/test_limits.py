@@ -89,7 +89,7 @@ def test_the_runtime_refuses_a_deep_resolve_from_any_caller(interrupted, depth):
     assert snapshot(w.run.pk) == before
 
 
-def test_values_at_the_limit_are_stored_and_every_page_shows_them(rdb, tmp_path, clock,
+def test_values_at_the_limit_are_stored_and_every_page_shows_them(sqlite_path, tmp_path, clock,
                                                                  operator, make_user):
     """A run whose input and resolved result are nested exactly to the limit: the approval,
     the run, and the admin's lists and pages all render, before and after the run ends."""

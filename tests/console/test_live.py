@@ -93,7 +93,7 @@ def queries(client, url: str, **extra) -> tuple[int, str]:
     return len(ctx.captured_queries), response.content.decode()
 
 
-def test_a_long_run_shows_its_latest_steps_and_events_with_a_way_to_the_rest(rdb, operator):
+def test_a_long_run_shows_its_latest_steps_and_events_with_a_way_to_the_rest(sqlite_path, operator):
     run = long_run(600)
     n_long, html = queries(operator, f"/runs/{run.pk}/")
     shown = [int(i) for i in re.findall(
@@ -135,7 +135,7 @@ def test_an_approval_late_in_a_long_run_shows_the_steps_just_before_it(interrupt
     assert "the run's page</a> has all 301" in html
 
 
-def test_a_run_poll_answers_204_until_the_run_or_its_lease_changes(rdb, operator, clock):
+def test_a_run_poll_answers_204_until_the_run_or_its_lease_changes(sqlite_path, operator, clock):
     run = start("hello", {"name": "n"}, clock=clock)
     Run.objects.filter(pk=run.pk).update(
         status="running", lease_owner="worker-x@host-1", lease_epoch=3,

@@ -95,13 +95,13 @@ def test_refusals_and_errors_render_clean(every_state, operator, viewer):
         clean(html, "POST cancel without permission")
 
 
-def test_the_login_page_renders_clean(rdb):
+def test_the_login_page_renders_clean(sqlite_path):
     response = Client().get("/login/")
     assert response.status_code == 200
     clean(response.content.decode(), "/login/")
 
 
-def test_every_page_has_an_icon(rdb, operator):
+def test_every_page_has_an_icon(sqlite_path, operator):
     page = operator.get("/").content.decode()
     assert '<link rel="icon" href="/static/console/favicon.svg"' in page
     response = Client().get("/favicon.ico")  # asked for by pages without the link, logged out

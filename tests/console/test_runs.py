@@ -18,7 +18,7 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
 @pytest.fixture
-def many_runs(rdb, clock) -> list[int]:
+def many_runs(sqlite_path, clock) -> list[int]:
     """PAGE_SIZE * 2 + 5 queued runs of the settings' `hello` agent, oldest first."""
     return [start("hello", {"name": "n", "language": "en"}, clock=clock).pk
             for _ in range(PAGE_SIZE * 2 + 5)]
@@ -89,7 +89,8 @@ def test_run_page_shows_status_lease_totals_steps_and_events_in_order(interrupte
     assert f'href="/approvals/{w.approval.pk}/"' in html
 
 
-def test_run_page_live_partial_shows_the_lease_and_polls_until_the_end(rdb, clock, operator):
+def test_run_page_live_partial_shows_the_lease_and_polls_until_the_end(
+        sqlite_path, clock, operator):
     run = start("hello", {"name": "n"}, clock=clock)
     Run.objects.filter(pk=run.pk).update(  # a lease as a worker would hold it
         status="running", lease_owner="worker-x@host-1", lease_epoch=3,
@@ -135,5 +136,5 @@ def test_cancel_needs_the_permission_and_confirmation(interrupted, operator, vie
     assert Event.objects.filter(run=run, kind="run.cancelled").count() == 1
 
 
-def test_unknown_run_is_404(operator, rdb):
+def test_unknown_run_is_404(operator, sqlite_path):
     assert operator.get("/runs/12345/").status_code == 404

@@ -49,7 +49,7 @@ def no_deadline_policy(request, run):
 
 
 @pytest.fixture
-def agents(rdb, tmp_path) -> Iterator[None]:
+def agents(sqlite_path, tmp_path) -> Iterator[None]:
     """``nightly`` charges a card (its policy asks a person, with a 12-minute deadline);
     ``report`` only reads; ``slow`` asks without a deadline."""
     ledger = Ledger(tmp_path / "ledger")

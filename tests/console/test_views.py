@@ -16,13 +16,13 @@ PAGES = ["/", "/pending-count/", "/approvals/1/", "/runs/", "/runs/1/", "/worker
 
 
 @pytest.mark.parametrize("url", PAGES)
-def test_every_page_needs_a_login(rdb, url):
+def test_every_page_needs_a_login(sqlite_path, url):
     response = Client().get(url)
     assert response.status_code == 302
     assert response["Location"].startswith("/login/?next=")
 
 
-def test_an_htmx_request_after_logout_is_a_401_that_redirects_the_whole_page(rdb):
+def test_an_htmx_request_after_logout_is_a_401_that_redirects_the_whole_page(sqlite_path):
     """Never a 200: a program posting a decision as htmx must not read success into it."""
     for response in (Client().get("/", HTTP_HX_REQUEST="true"),
                      Client().post("/approvals/1/", {"decision": "approve"},
@@ -31,7 +31,7 @@ def test_an_htmx_request_after_logout_is_a_401_that_redirects_the_whole_page(rdb
         assert response.content == b"Your session has ended: log in again.\n"
 
 
-def test_healthz_and_login_page_are_public(rdb):
+def test_healthz_and_login_page_are_public(sqlite_path):
     assert Client().get("/healthz").json()["database"] == "ok"
     page = Client().get("/login/")
     assert page.status_code == 200 and 'name="password"' in page.content.decode()

@@ -34,7 +34,7 @@ def owners(page) -> list[str]:
     return [r["worker"].owner for r in page.context["rows"]]
 
 
-def test_live_and_recently_dead_first_then_older_dead_on_their_own_tab(rdb, clock, viewer):
+def test_live_and_recently_dead_first_then_older_dead_on_their_own_tab(sqlite_path, clock, viewer):
     live = worker("w-live", 3)
     worker("w-dead-45s", 45)
     worker("w-dead-30m", 30 * 60)
@@ -67,7 +67,7 @@ def test_live_and_recently_dead_first_then_older_dead_on_their_own_tab(rdb, cloc
     assert "w-live" not in html and "w-dead-45s" not in html
 
 
-def test_live_is_judged_by_each_workers_own_lease(rdb, viewer):
+def test_live_is_judged_by_each_workers_own_lease(sqlite_path, viewer):
     """A heartbeat older than the recent window still means live under a longer lease; a
     heartbeat a second past a short lease means dead."""
     worker("w-long-lease", 2 * HOUR, lease=3 * HOUR)
@@ -77,7 +77,7 @@ def test_live_is_judged_by_each_workers_own_lease(rdb, viewer):
     assert owners(viewer.get("/workers/", {"show": "old"})) == []
 
 
-def test_the_recent_window_is_a_setting(rdb, viewer):
+def test_the_recent_window_is_a_setting(sqlite_path, viewer):
     worker("w-dead-45s", 45)
     worker("w-dead-30m", 30 * 60)
     with override_settings(CONSOLE_RECENT_DEAD_WORKERS_SECONDS=60):
@@ -110,7 +110,7 @@ def _worker_queries(viewer, **params: str) -> tuple[object, list[str]]:
     return page, [q["sql"] for q in ctx.captured_queries if "runtime_worker" in q["sql"]]
 
 
-def test_ten_thousand_dead_workers_are_never_loaded_whole(rdb, viewer):
+def test_ten_thousand_dead_workers_are_never_loaded_whole(sqlite_path, viewer):
     worker("w-live", 1)
     _pile("recent", SHOWN + 50, age_from=60)  # dead within the hour, more than a page
     _pile("old", 10_000, age_from=2 * HOUR)
@@ -136,7 +136,7 @@ def test_ten_thousand_dead_workers_are_never_loaded_whole(rdb, viewer):
 
 
 @pytest.mark.parametrize("show", ["all", "OLD", "dead"])
-def test_an_unknown_tab_is_a_400_that_names_the_choices(rdb, viewer, show):
+def test_an_unknown_tab_is_a_400_that_names_the_choices(sqlite_path, viewer, show):
     worker("w-live", 1)
     page = viewer.get("/workers/", {"show": show})
     assert page.status_code == 400
@@ -149,7 +149,7 @@ def test_an_unknown_tab_is_a_400_that_names_the_choices(rdb, viewer, show):
         '<div id="worker-list"')
 
 
-def test_the_poll_renders_the_list_partial_and_keeps_its_tab(rdb, viewer):
+def test_the_poll_renders_the_list_partial_and_keeps_its_tab(sqlite_path, viewer):
     html = viewer.get("/workers/", HTTP_HX_REQUEST="true").content.decode().strip()
     assert html.startswith('<div id="worker-list" hx-get="/workers/"')
     assert "No worker is live or died in the last 1h 0m" in html

@@ -58,7 +58,7 @@ def test_the_demo_queue_an_interrupted_refund_and_its_outside_world(tmp_path, de
 
 
 @pytest.fixture
-def demo_world(rdb, monkeypatch, tmp_path):
+def demo_world(sqlite_path, monkeypatch, tmp_path):
     """The outside world in this test's directory; asked for before ``server``, so the server
     process reads the same files."""
     monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "world"))

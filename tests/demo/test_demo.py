@@ -17,7 +17,8 @@ from demo import world
 from runtime.approvals.decisions import approve, resolve
 from runtime.models import Approval, Run, Worker
 from runtime.selectors.approvals import pending
-from tests.procs import ROOT, wait_until
+from tests.procs import ROOT
+from tests.waiting import wait_until
 
 
 def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

@@ -42,7 +42,7 @@ def test_the_hook_refuses_what_is_not_a_notification(operator, payload, status):
     assert response.status_code == status and world.notifications_received() == []
 
 
-def test_the_chat_page_needs_the_view_permission(rdb, settings):
+def test_the_chat_page_needs_the_view_permission(sqlite_path, settings):
     from django.contrib.auth.models import User
 
     settings.STORAGES = {**settings.STORAGES, "staticfiles": {

@@ -23,7 +23,7 @@ from runtime.testkit import Crash, CrashPoint, InProcessKit
 
 
 @pytest.fixture
-def operator(rdb, settings, monkeypatch, tmp_path) -> Client:
+def operator(sqlite_path, settings, monkeypatch, tmp_path) -> Client:
     settings.STORAGES = {**settings.STORAGES, "staticfiles": {
         "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
     monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "world"))
@@ -66,7 +66,7 @@ def test_a_refund_that_never_reached_the_provider_shows_nothing_under_its_key(op
     assert "No refund recorded under this key" in html
 
 
-def test_the_world_page_escapes_what_it_shows_and_needs_a_login(operator, rdb):
+def test_the_world_page_escapes_what_it_shows_and_needs_a_login(operator, sqlite_path):
     world.send_mail("<script>x</script>@example.com", "hi", "body", key="<b>k</b>")
     html = operator.get("/demo/world/").content.decode()
     assert "<script>x</script>" not in html and "&lt;script&gt;x&lt;/script&gt;" in html
@@ -74,7 +74,8 @@ def test_the_world_page_escapes_what_it_shows_and_needs_a_login(operator, rdb):
     assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
 
 
-def test_the_world_page_answers_before_the_demo_ever_ran(rdb, settings, monkeypatch, tmp_path):
+def test_the_world_page_answers_before_the_demo_ever_ran(
+        sqlite_path, settings, monkeypatch, tmp_path):
     settings.STORAGES = {**settings.STORAGES, "staticfiles": {
         "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
     monkeypatch.setenv("RUNTIME_DEMO_DIR", str(tmp_path / "never-set-up"))

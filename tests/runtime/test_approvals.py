@@ -44,7 +44,7 @@ pytestmark = pytest.mark.engines
 
 
 @pytest.fixture
-def interrupted(edb, tmp_path, clock, crash):
+def interrupted(database, tmp_path, clock, crash):
     """A run whose `charge` (step 1) went out and was interrupted before its result was
     recorded: it waits on an interrupted_side_effect approval. Yields (run, approval, ledger)."""
     ledger = Ledger(tmp_path / "ledger")
@@ -121,7 +121,7 @@ def test_approve_runs_the_same_request_once_on_the_same_step(interrupted, clock)
 
 
 @pytest.mark.parametrize("kind", ["interrupted_side_effect", "policy"])
-def test_reject_ends_the_run_without_calling_the_tool(edb, tmp_path, clock, crash, kind):
+def test_reject_ends_the_run_without_calling_the_tool(database, tmp_path, clock, crash, kind):
     ledger = Ledger(tmp_path / "ledger")
     if kind == "policy":
         agent = _policy_agent("rj", ledger)
@@ -248,7 +248,7 @@ def test_a_start_that_never_committed_does_not_consume_the_approval(interrupted,
     assert verify(run.pk).ok
 
 
-def test_two_decisions_on_one_approval_one_wins(edb, tmp_path, clock):
+def test_two_decisions_on_one_approval_one_wins(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     agent = _policy_agent("race", ledger)
     with registry.override(agent):
@@ -409,7 +409,7 @@ def test_reject_without_a_note_is_refused(interrupted):
     assert ledger.count("charge") == 1
 
 
-def test_resolve_of_a_policy_approval_is_refused(edb, tmp_path, clock):
+def test_resolve_of_a_policy_approval_is_refused(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_policy_agent("rs", ledger)):
         run, approval = _policy_paused("rs", ledger, clock)
@@ -430,7 +430,7 @@ def test_resolve_with_a_result_that_is_not_json_is_refused(interrupted):
     assert snapshot(run.pk) == before
 
 
-def test_an_approvals_save_signal_sees_a_real_transaction_and_on_commit_waits(edb, tmp_path,
+def test_an_approvals_save_signal_sees_a_real_transaction_and_on_commit_waits(database, tmp_path,
                                                                           clock):
     """A project's post_save receiver on Approval may use on_commit(): it must run after the
     pause is committed (seen from another connection), never inside the transaction."""
@@ -461,7 +461,7 @@ def test_an_approvals_save_signal_sees_a_real_transaction_and_on_commit_waits(ed
 # -- the queue -----------------------------------------------------------------------------------
 
 
-def test_pending_lists_oldest_first(edb, tmp_path):
+def test_pending_lists_oldest_first(database, tmp_path):
     ledger = Ledger(tmp_path / "ledger")
     t0 = ManualClock().now()
     made = []
@@ -481,7 +481,7 @@ def test_pending_lists_oldest_first(edb, tmp_path):
     assert [a.pk for a in pending()] == [made[1], made[0]]
 
 
-def test_pending_has_no_n_plus_1(edb, tmp_path, clock):
+def test_pending_has_no_n_plus_1(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_policy_agent("np", ledger)):
         for _ in range(6):

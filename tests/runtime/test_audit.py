@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def finished_runs(rdb, tmp_path):
+def finished_runs(sqlite_path, tmp_path):
     agent = make_agent("au", [ToolCall("read", {"key": "a"}), ToolCall("charge", {"amount": 3}),
                               FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
     with registry.override(agent):
@@ -101,8 +101,8 @@ def test_verify_finds_events_cut_off_the_end(finished_runs):
     assert not result.ok and "head" in result.reason
 
 
-def test_verifyaudit_exits_non_zero_as_a_process(finished_runs, rdb):
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{rdb}"}
+def test_verifyaudit_exits_non_zero_as_a_process(finished_runs, sqlite_path):
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{sqlite_path}"}
     ok = subprocess.run([sys.executable, "manage.py", "verifyaudit"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr

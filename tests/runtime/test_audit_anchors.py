@@ -43,7 +43,7 @@ def audit_key(settings):
 
 
 @pytest.fixture
-def runs(edb, tmp_path, clock):
+def runs(database, tmp_path, clock):
     """Three finished runs and one whose charge a person approved (policy), all verified."""
     ledger = Ledger(tmp_path / "ledger")
     plain = make_agent("an", [ToolCall("read", {"key": "a"}), ToolCall("charge", {"amount": 3}),

@@ -20,14 +20,14 @@ pytestmark = pytest.mark.engines("postgres")
 
 
 @pytest.fixture
-def app_role(edb, pg_admin: psycopg.Connection) -> Iterator[str]:
+def app_role(database, pg_admin: psycopg.Connection) -> Iterator[str]:
     """A login role that owns nothing (roles are server-wide: dropped after the test)."""
     name = unique_name("app").lower()
     pg_admin.execute(f'CREATE ROLE "{name}" LOGIN')
     try:
         yield name
     finally:
-        with psycopg.connect(edb.url, autocommit=True) as conn:
+        with psycopg.connect(database.url, autocommit=True) as conn:
             conn.execute(f'REASSIGN OWNED BY "{name}" TO CURRENT_USER')
             conn.execute(f'DROP OWNED BY "{name}"')
         pg_admin.execute(f'DROP ROLE "{name}"')
@@ -38,7 +38,7 @@ def as_role(url: str, role: str) -> str:
     return parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}").geturl()
 
 
-def test_the_printed_grants_are_the_applied_ones(edb, app_role):
+def test_the_printed_grants_are_the_applied_ones(database, app_role):
     out = io.StringIO()
     call_command("auditrole", app_role, stdout=out)
     printed = out.getvalue()
@@ -48,12 +48,12 @@ def test_the_printed_grants_are_the_applied_ones(edb, app_role):
         f'runtime_auditcheckpoint, runtime_scheduleevent FROM "{app_role}";' in printed
 
 
-def test_an_application_role_runs_everything_and_cannot_touch_the_audit_log(edb, app_role,
+def test_an_application_role_runs_everything_and_cannot_touch_the_audit_log(database, app_role,
                                                                            tmp_path):
     out = io.StringIO()
     call_command("auditrole", app_role, "--apply", stdout=out)
     assert "cannot alter the audit log" in out.getvalue()
-    url = as_role(edb.url, app_role)
+    url = as_role(database.url, app_role)
     # The application's whole path as that role: a run started, worked to its end, verified.
     hello = manage(url, tmp_path, "runagent", "hello", "--input", '{"name": "Ada"}')
     assert hello.returncode == 0, hello.stderr
@@ -74,15 +74,15 @@ def test_an_application_role_runs_everything_and_cannot_touch_the_audit_log(edb,
         assert conn.execute("SELECT count(*) FROM runtime_event").fetchone()[0] > 0
 
 
-def test_a_role_that_could_drop_the_triggers_is_named(edb, app_role, pg_admin):
+def test_a_role_that_could_drop_the_triggers_is_named(database, app_role, pg_admin):
     call_command("auditrole", app_role, "--apply", stdout=io.StringIO())
-    with psycopg.connect(edb.url, autocommit=True) as conn:
+    with psycopg.connect(database.url, autocommit=True) as conn:
         conn.execute(f'ALTER TABLE runtime_step OWNER TO "{app_role}"')
     with pytest.raises(CommandError, match=r"owns .*runtime_step.*can drop the triggers"):
         call_command("auditrole", app_role, "--apply", stdout=io.StringIO())
 
 
-def test_bad_role_names_and_missing_roles_are_refused(edb):
+def test_bad_role_names_and_missing_roles_are_refused(database):
     with pytest.raises(CommandError, match="not a plain role name"):
         call_command("auditrole", 'x"; DROP TABLE runtime_run; --', stdout=io.StringIO())
     with pytest.raises(CommandError, match="does not exist"):

@@ -22,7 +22,7 @@ from runtime.host import files
 from runtime.models import Worker
 from runtime.storage.sqlite.base import DatabaseWrapper
 from tests.kit import Background
-from tests.procs import wait_until
+from tests.waiting import wait_until
 
 
 def _writer_file(db: Path) -> Path:
@@ -73,36 +73,36 @@ def _add_worker_in_tx() -> None:
         _add_worker("after")
 
 
-def test_the_project_uses_the_queued_backend_for_sqlite(rdb):
+def test_the_project_uses_the_queued_backend_for_sqlite(sqlite_path):
     assert isinstance(connections["default"], DatabaseWrapper)
     assert connections["default"].vendor == "sqlite"
 
 
-def test_a_write_transaction_holds_the_lock_until_it_commits(rdb):
-    assert _lock_is_free(rdb) or not _writer_file(rdb).exists()
+def test_a_write_transaction_holds_the_lock_until_it_commits(sqlite_path):
+    assert _lock_is_free(sqlite_path) or not _writer_file(sqlite_path).exists()
     with transaction.atomic():
         _add_worker("a")
-        assert not _lock_is_free(rdb)
-    assert _lock_is_free(rdb)
+        assert not _lock_is_free(sqlite_path)
+    assert _lock_is_free(sqlite_path)
     assert Worker.objects.filter(owner="a").exists()
 
 
-def test_a_rolled_back_transaction_releases_the_lock_and_writes_nothing(rdb):
+def test_a_rolled_back_transaction_releases_the_lock_and_writes_nothing(sqlite_path):
     with pytest.raises(ZeroDivisionError), transaction.atomic():
         _add_worker("b")
-        assert not _lock_is_free(rdb)
+        assert not _lock_is_free(sqlite_path)
         1 / 0  # noqa: B018 - the failure inside the transaction
-    assert _lock_is_free(rdb)
+    assert _lock_is_free(sqlite_path)
     assert not Worker.objects.exists()
 
 
-def test_closing_the_connection_inside_a_transaction_releases_the_lock(rdb):
+def test_closing_the_connection_inside_a_transaction_releases_the_lock(sqlite_path):
     connection.ensure_connection()
     connection.set_autocommit(True)
     connection._start_transaction_under_autocommit()
-    assert not _lock_is_free(rdb)
+    assert not _lock_is_free(sqlite_path)
     connection.close()
-    assert _lock_is_free(rdb)
+    assert _lock_is_free(sqlite_path)
 
 
 class _WatchedLock:
@@ -121,11 +121,11 @@ class _WatchedLock:
         self.lock.release()
 
 
-def test_a_second_writer_thread_waits_and_goes_when_the_first_commits(rdb, monkeypatch):
+def test_a_second_writer_thread_waits_and_goes_when_the_first_commits(sqlite_path, monkeypatch):
     import runtime.storage.sqlite.base as backend
 
     watched = _WatchedLock()
-    monkeypatch.setitem(backend._process_locks, os.path.abspath(f"{rdb}.writer"), watched)
+    monkeypatch.setitem(backend._process_locks, os.path.abspath(f"{sqlite_path}.writer"), watched)
     holding, release = threading.Event(), threading.Event()
 
     def first() -> None:
@@ -151,10 +151,11 @@ def test_a_second_writer_thread_waits_and_goes_when_the_first_commits(rdb, monke
     assert set(Worker.objects.values_list("owner", flat=True)) == {"first", "second"}
 
 
-def test_a_holder_that_is_killed_leaves_the_lock_to_the_next_writer(rdb, tmp_path, busy_tries):
-    holder = _hold_in_another_process(rdb, tmp_path / "holding")
+def test_a_holder_that_is_killed_leaves_the_lock_to_the_next_writer(
+        sqlite_path, tmp_path, busy_tries):
+    holder = _hold_in_another_process(sqlite_path, tmp_path / "holding")
     try:
-        assert not _lock_is_free(rdb)
+        assert not _lock_is_free(sqlite_path)
         writer = Background(_add_worker_in_tx)
         wait_until(lambda: busy_tries, what="our writer to find the lock taken")
         holder.kill()
@@ -168,30 +169,30 @@ def test_a_holder_that_is_killed_leaves_the_lock_to_the_next_writer(rdb, tmp_pat
             holder.wait(10)
 
 
-def test_write_transaction_commits_what_runs_inside_and_releases_the_lock(rdb):
+def test_write_transaction_commits_what_runs_inside_and_releases_the_lock(sqlite_path):
     with connection.write_transaction():
         _add_worker("lean")
-        assert not _lock_is_free(rdb)
+        assert not _lock_is_free(sqlite_path)
         assert connection.in_atomic_block is False  # no atomic() bookkeeping
-    assert _lock_is_free(rdb)
+    assert _lock_is_free(sqlite_path)
     assert Worker.objects.filter(owner="lean").exists()
 
 
-def test_write_transaction_rolls_back_on_any_exception_including_a_simulated_crash(rdb):
+def test_write_transaction_rolls_back_on_any_exception_including_a_simulated_crash(sqlite_path):
     from runtime.errors import SimulatedCrash
 
     for exc in (ValueError("bad"), SimulatedCrash("in_transaction", None, None)):
         with pytest.raises(type(exc)), connection.write_transaction():
             _add_worker(f"lost-{type(exc).__name__}")
             raise exc
-        assert _lock_is_free(rdb)
+        assert _lock_is_free(sqlite_path)
     assert not Worker.objects.exists()
     with connection.write_transaction():  # the connection is usable afterwards
         _add_worker("next")
     assert list(Worker.objects.values_list("owner", flat=True)) == ["next"]
 
 
-def test_write_transaction_is_refused_inside_an_atomic_block(rdb):
+def test_write_transaction_is_refused_inside_an_atomic_block(sqlite_path):
     with transaction.atomic():
         with pytest.raises(transaction.TransactionManagementError), \
                 connection.write_transaction():
@@ -215,12 +216,12 @@ def _hold_in_another_process(db: Path, ready: Path) -> subprocess.Popen:
     return holder
 
 
-def test_a_writer_gives_up_after_the_timeout_with_database_is_locked(rdb, tmp_path,
+def test_a_writer_gives_up_after_the_timeout_with_database_is_locked(sqlite_path, tmp_path,
                                                                      monkeypatch):
     from django.db import OperationalError
 
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "timeout", 0.3)
-    holder = _hold_in_another_process(rdb, tmp_path / "holding")
+    holder = _hold_in_another_process(sqlite_path, tmp_path / "holding")
     waiters = _waiter_threads()
     try:
         for begin in (transaction.atomic, connection.write_transaction, transaction.atomic):
@@ -236,7 +237,7 @@ def test_a_writer_gives_up_after_the_timeout_with_database_is_locked(rdb, tmp_pa
     assert list(Worker.objects.values_list("owner", flat=True)) == ["later"]
 
 
-def test_the_event_and_step_run_indexes_the_unique_constraints_cover_are_gone(rdb):
+def test_the_event_and_step_run_indexes_the_unique_constraints_cover_are_gone(sqlite_path):
     with connection.cursor() as cursor:
         indexes = {name: sql for name, sql in cursor.execute(
             "SELECT name, sql FROM sqlite_master WHERE type = 'index' "

@@ -37,7 +37,7 @@ def _counted(steps: int) -> SqliteCounter:
     return counter
 
 
-def test_statements_and_commits_per_step_stay_constant_from_10_to_1000_steps(rdb):
+def test_statements_and_commits_per_step_stay_constant_from_10_to_1000_steps(sqlite_path):
     protocol_check()  # once per process: not a cost of the first run counted
     with registry.override(*AGENTS):
         a, b, c = _counted(10), _counted(100), _counted(1_000)
@@ -49,6 +49,7 @@ def test_statements_and_commits_per_step_stay_constant_from_10_to_1000_steps(rdb
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("machine")  # its workers claim CPUs machine-wide (--cpu auto)
 def test_bench_quick_runs_and_writes_every_section(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "RUNTIME_VAR_DIR": str(tmp_path / "var")}
@@ -73,6 +74,7 @@ def test_bench_quick_runs_and_writes_every_section(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("machine")  # its workers claim CPUs machine-wide (--cpu auto)
 def test_bench_on_postgres_measures_round_trips_against_sqlite_in_the_same_run(tmp_path,
                                                                                pg_admin):
     """``DATABASE_URL=postgres://...`` benches that server (on a database of its own, dropped
@@ -105,6 +107,7 @@ CONSOLE_PAGES = {"/", "/pending-count/", "/runs/", "/runs/?status=failed", "/wor
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("machine")  # its workers claim CPUs machine-wide (--cpu auto)
 def test_bench_console_quick_times_every_page_on_the_data_set_asked_for(tmp_path):
     """``bench --console --quick`` builds the data set at the sizes asked (counted in the
     database it leaves with ``--keep``, every run's audit chain valid) and times every page,
@@ -176,6 +179,7 @@ def test_bench_console_quick_times_every_page_on_the_data_set_asked_for(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("machine")  # its workers claim CPUs machine-wide (--cpu auto)
 def test_bench_inflight_quick_reports_every_level(tmp_path):
     """``bench --inflight --quick`` runs real workers at every level and reports each one's
     figures, measured (not their values: speed targets are the benchmark's, not the tests')."""

@@ -21,7 +21,7 @@ AWKWARD = {"big": 1e16, "bigger": 1.5e300, "negative_zero": -0.0, "tiny": 1e-7, 
            "exact": 2**70, "text": "a \\u0000 that is only text", "nested": [[-0.0, 1e20]]}
 
 
-def test_awkward_numbers_come_back_as_they_were_hashed(edb, tmp_path):
+def test_awkward_numbers_come_back_as_they_were_hashed(database, tmp_path):
     agent = make_agent("canon", [FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
     with registry.override(agent):
         run = start("canon", AWKWARD)
@@ -33,7 +33,7 @@ def test_awkward_numbers_come_back_as_they_were_hashed(edb, tmp_path):
 
 
 @pytest.mark.parametrize("bad", [{"note": "a\x00b"}, {"k\x00": 1}, ["\x00"]])
-def test_a_nul_character_is_refused_on_both_engines_and_nothing_is_written(edb, tmp_path, bad):
+def test_a_nul_character_is_refused_on_both_engines_and_nothing_is_written(database, tmp_path, bad):
     agent = make_agent("canon", [FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
     with registry.override(agent), pytest.raises(InvalidPayload, match="NUL character"):
         start("canon", bad)
@@ -41,7 +41,8 @@ def test_a_nul_character_is_refused_on_both_engines_and_nothing_is_written(edb, 
 
 
 @pytest.mark.parametrize("bad", [{"note": "\udc80"}, ["\ud800"], {"k\udfff": 1}])
-def test_a_lone_surrogate_is_refused_on_both_engines_and_nothing_is_written(edb, tmp_path, bad):
+def test_a_lone_surrogate_is_refused_on_both_engines_and_nothing_is_written(
+        database, tmp_path, bad):
     """Valid JSON text can carry one (``"\\udc80"``), but it is not UTF-8: neither engine
     stores it, and encoding it was a crash (UnicodeEncodeError), not a refusal."""
     agent = make_agent("canon", [FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
@@ -66,7 +67,8 @@ def test_the_canonical_form_is_json_dumps_with_the_canonical_options(value):
 
 
 @pytest.mark.parametrize("value", [float("nan"), {"a": float("inf")}, [object()],
-                                   {"a": 1, 2: "mixed keys cannot be sorted"}], ids=repr)
+                                   {"a": 1, 2: "mixed keys cannot be sorted"}],
+                         ids=lambda v: "[object()]" if v and isinstance(v, list) else repr(v))
 def test_what_json_cannot_hold_is_refused_as_json_dumps_refuses_it(value):
     with pytest.raises((TypeError, ValueError)) as ours:
         dumps(value)

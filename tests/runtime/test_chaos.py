@@ -28,10 +28,10 @@ def figure(out: str, label: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.engines
-def test_a_short_seeded_soak_kills_workers_and_every_invariant_holds(edb, tmp_path):
+def test_a_short_seeded_soak_kills_workers_and_every_invariant_holds(database, tmp_path):
     """On SQLite the soak makes its own file in --dir; on PostgreSQL it fills this test's
     fresh database, which this process then reads."""
-    on_pg = ("--database-url", edb.url) if edb.is_postgres else ()
+    on_pg = ("--database-url", database.url) if database.is_postgres else ()
     done = chaos("--workers", "2", "--runs", "24", "--seconds", "20", "--seed", "11",
                  "--dir", str(tmp_path / "soak"), *on_pg)
     out = done.stdout
@@ -43,7 +43,7 @@ def test_a_short_seeded_soak_kills_workers_and_every_invariant_holds(edb, tmp_pa
     assert figure(out, "invariant violations") == 0
     assert figure(out, '"database is locked" in worker logs') == 0
     assert (tmp_path / "soak" / "ledger.jsonl").exists()  # --dir keeps the evidence
-    if edb.is_sqlite:
+    if database.is_sqlite:
         assert (tmp_path / "soak" / "chaos.sqlite3").exists()
     else:  # the evidence is in the database itself, every run ended
         assert Run.objects.count() == 24
@@ -51,10 +51,10 @@ def test_a_short_seeded_soak_kills_workers_and_every_invariant_holds(edb, tmp_pa
 
 
 @pytest.mark.engines("postgres")
-def test_a_soak_refuses_a_database_that_holds_runs(edb, tmp_path):
+def test_a_soak_refuses_a_database_that_holds_runs(database, tmp_path):
     with registry.override(*AGENTS):
         start("read", {})
-    done = chaos("--runs", "1", "--dir", str(tmp_path / "soak"), "--database-url", edb.url)
+    done = chaos("--runs", "1", "--dir", str(tmp_path / "soak"), "--database-url", database.url)
     assert done.returncode == 1 and "already holds runs" in done.stderr
     assert Run.objects.count() == 1
 

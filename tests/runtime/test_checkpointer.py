@@ -40,7 +40,7 @@ def _write(n: int, tag: str) -> None:
         for i in range(n)])
 
 
-def test_connections_opened_while_it_runs_leave_checkpoints_to_it(rdb):
+def test_connections_opened_while_it_runs_leave_checkpoints_to_it(sqlite_path):
     checkpointer = Checkpointer(interval=3600)  # ticks only when the test says
     checkpointer.start()
     try:
@@ -51,7 +51,7 @@ def test_connections_opened_while_it_runs_leave_checkpoints_to_it(rdb):
     assert _on_a_new_thread(_autocheckpoint) == 1000  # SQLite's own again afterwards
 
 
-def test_a_checkpoint_copies_the_wal_while_a_writer_holds_the_lock(rdb):
+def test_a_checkpoint_copies_the_wal_while_a_writer_holds_the_lock(sqlite_path):
     checkpointer = Checkpointer(interval=3600)
     checkpointer.start()
     try:
@@ -76,7 +76,7 @@ def test_a_checkpoint_copies_the_wal_while_a_writer_holds_the_lock(rdb):
         checkpointer.stop()
 
 
-def test_a_busy_workers_wal_stays_bounded(rdb, tmp_path, spawn):
+def test_a_busy_workers_wal_stays_bounded(sqlite_path, tmp_path, spawn):
     """200 runs of five steps through one worker with eight in flight (about 100 MB of WAL
     pages written): its checkpointer keeps the WAL file to about what is written between two
     of its passes plus ``RESTART_PAGES`` (with passive checkpoints alone it grew to 68 MB)."""
@@ -86,7 +86,7 @@ def test_a_busy_workers_wal_stays_bounded(rdb, tmp_path, spawn):
     assert worker.wait(120) == 0, worker.output()
     assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {
         "succeeded"}
-    wal = rdb.with_name(rdb.name + "-wal").stat().st_size
+    wal = sqlite_path.with_name(sqlite_path.name + "-wal").stat().st_size
     found = re.search(r"checkpoints: (\d+) \((\d+) with the WAL started over\)",
                       worker.output())
     assert found is not None and int(found[2]) > 0, worker.output()[-2000:]

@@ -160,8 +160,8 @@ def why_rerun(run_id: int) -> str:
 
 @pytest.mark.slow
 @pytest.mark.engines
-def test_crash_matrix(edb, tmp_path):
-    kit = ProcessKit(edb, tmp_path, agents="runtime.testkit.agents.AGENTS",
+def test_crash_matrix(database, tmp_path):
+    kit = ProcessKit(database, tmp_path, agents="runtime.testkit.agents.AGENTS",
                      manage=ROOT / "manage.py", lease_seconds=3,
                      env={"RUNTIME_TEST_DIR": str(tmp_path)}, timeout=120)
     cells = plan()
@@ -223,7 +223,7 @@ def test_crash_matrix(edb, tmp_path):
     assert kit.refusals == sum(1 for c, _ in runs.values() if c.phases[0].point != P.AFTER_PAUSE)
     assert after.runs == len(runs) and after.approvals_consumed == sum(
         1 for _, b in runs.values() if b == "approve")
-    write_table(cells, len(runs), before, after, table_path(edb.engine))
+    write_table(cells, len(runs), before, after, table_path(database.engine))
 
 
 def table_path(engine: str) -> Path:

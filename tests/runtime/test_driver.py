@@ -65,14 +65,14 @@ def _count(tmp_path, name: str, call: ToolCall, steps: int) -> SqliteCounter | P
     (ToolCall("charge", {"amount": 1}), 2),
     (ToolCall("send", {"to": "x"}), 3),  # + step.tool_dispatched, committed before the send
 ])
-def test_synced_commits_per_step_in_the_steady_state(edb, tmp_path, call, per_step):
+def test_synced_commits_per_step_in_the_steady_state(database, tmp_path, call, per_step):
     short = _count(tmp_path, f"{call.tool}5", call, 5)
     long = _count(tmp_path, f"{call.tool}15", call, 15)
     assert (long.commits - short.commits) / 10 == per_step
     assert long.rollbacks == 0
 
 
-def test_statements_per_step_do_not_grow_with_the_run(edb, tmp_path):
+def test_statements_per_step_do_not_grow_with_the_run(database, tmp_path):
     protocol_check()  # once per process: not a cost of the first run counted
     a = _count(tmp_path, "s10", ToolCall("read", {"key": "k"}), 10)
     b = _count(tmp_path, "s20", ToolCall("read", {"key": "k"}), 20)
@@ -80,7 +80,7 @@ def test_statements_per_step_do_not_grow_with_the_run(edb, tmp_path):
     assert (b.statements - a.statements) / 10 == (c.statements - b.statements) / 100
 
 
-def test_a_run_records_every_event_of_the_loop_in_order(edb, tmp_path):
+def test_a_run_records_every_event_of_the_loop_in_order(database, tmp_path):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("order", [ToolCall("charge", {"amount": 7}), FinalAnswer({"done": 1})],
                        ledger)
@@ -102,7 +102,7 @@ def test_a_run_records_every_event_of_the_loop_in_order(edb, tmp_path):
     assert verify(run).ok
 
 
-def test_totals_are_charged_from_each_llm_response(edb, tmp_path):
+def test_totals_are_charged_from_each_llm_response(database, tmp_path):
     usage = Usage(tokens_in=100, tokens_out=20, cost=Decimal("0.0015"))
     llm = ScriptedLLM([ToolCall("read", {"key": "a"}), FinalAnswer("ok")], usage=usage)
     agent = make_agent("tot", [], Ledger(tmp_path / "l"), llm=llm)
@@ -112,7 +112,7 @@ def test_totals_are_charged_from_each_llm_response(edb, tmp_path):
     assert run.cost == Decimal("0.003")
 
 
-def test_several_tool_calls_in_one_response_become_consecutive_steps(edb, tmp_path):
+def test_several_tool_calls_in_one_response_become_consecutive_steps(database, tmp_path):
     ledger = Ledger(tmp_path / "l")
     llm = ScriptedLLM([[ToolCall("read", {"key": "a"}), ToolCall("read", {"key": "b"})],
                        FinalAnswer("ok")])
@@ -125,7 +125,7 @@ def test_several_tool_calls_in_one_response_become_consecutive_steps(edb, tmp_pa
     assert events_of(run).count("llm.requested") == 2
 
 
-def test_planned_calls_survive_a_crash(edb, tmp_path, crash, clock):
+def test_planned_calls_survive_a_crash(database, tmp_path, crash, clock):
     ledger = Ledger(tmp_path / "l")
     llm = ScriptedLLM([[ToolCall("read", {"key": "a"}), ToolCall("read", {"key": "b"})],
                        FinalAnswer("ok")])
@@ -149,7 +149,7 @@ def test_planned_calls_survive_a_crash(edb, tmp_path, crash, clock):
     (Budget(max_tokens=25), "exceed the budget of 25"),
     (Budget(max_cost=Decimal("0.01")), "exceeds the budget of 0.01"),
 ])
-def test_budgets_fail_the_run(edb, tmp_path, budget, expect):
+def test_budgets_fail_the_run(database, tmp_path, budget, expect):
     ledger = Ledger(tmp_path / "l")
     llm = ScriptedLLM([ToolCall("read", {"key": str(i)}) for i in range(10)],
                       usage=Usage(10, 5, Decimal("0.006")))
@@ -175,7 +175,7 @@ def _errors_seen_by_llm(transcript):
     (ToolCall("charge", {"amount": 1, "currency": "EUR"}), "currency: Extra inputs"),
     (ToolCall("charge", {}), "amount: Field required"),
 ])
-def test_bad_decisions_are_recorded_as_failed_steps_and_shown_to_the_llm(edb, tmp_path, call,
+def test_bad_decisions_are_recorded_as_failed_steps_and_shown_to_the_llm(database, tmp_path, call,
                                                                         message):
     ledger = Ledger(tmp_path / "l")
     llm = ScriptedLLM(lambda t: _errors_seen_by_llm(t) or call)
@@ -191,7 +191,7 @@ def test_bad_decisions_are_recorded_as_failed_steps_and_shown_to_the_llm(edb, tm
     assert run.status == "succeeded" and message in run.output["saw"]
 
 
-def test_tool_results_that_cannot_be_stored_fail_the_step_cleanly(edb, tmp_path, settings):
+def test_tool_results_that_cannot_be_stored_fail_the_step_cleanly(database, tmp_path, settings):
     settings.RUNTIME = {**settings.RUNTIME, "MAX_PAYLOAD_BYTES": 200}
 
     @tool(effect="read_only")
@@ -210,7 +210,7 @@ def test_tool_results_that_cannot_be_stored_fail_the_step_cleanly(edb, tmp_path,
     assert run.status == "succeeded"
 
 
-def test_a_tool_that_raises_fails_its_step_and_the_run_goes_on(edb, tmp_path):
+def test_a_tool_that_raises_fails_its_step_and_the_run_goes_on(database, tmp_path):
     @tool(effect="read_only")
     def flaky() -> str:
         """Always fails."""
@@ -230,7 +230,7 @@ def test_a_tool_that_raises_fails_its_step_and_the_run_goes_on(edb, tmp_path):
     ScriptedLLM(lambda t: LLMResponse([])),
     ScriptedLLM(lambda t: LLMResponse([ToolCall("read", {"key": object()})])),
 ])
-def test_a_failed_llm_request_is_recorded_and_fails_the_run(edb, tmp_path, llm):
+def test_a_failed_llm_request_is_recorded_and_fails_the_run(database, tmp_path, llm):
     with registry.override(make_agent("llmfail", [], Ledger(tmp_path / "l"), llm=llm)):
         run = resume(start("llmfail", {}).pk)
     assert run.status == "failed" and run.failure_code == "error"
@@ -240,14 +240,14 @@ def test_a_failed_llm_request_is_recorded_and_fails_the_run(edb, tmp_path, llm):
     assert verify(run).ok
 
 
-def test_a_final_answer_that_cannot_be_stored_fails_the_run(edb, tmp_path):
+def test_a_final_answer_that_cannot_be_stored_fails_the_run(database, tmp_path):
     llm = ScriptedLLM([FinalAnswer({"when": object()})])
     with registry.override(make_agent("finalbad", [], Ledger(tmp_path / "l"), llm=llm)):
         run = resume(start("finalbad", {}).pk)
     assert run.status == "failed" and "final answer: not JSON-serialisable" in run.failure_message
 
 
-def test_bad_input_and_unknown_agents_write_nothing(edb, tmp_path, settings):
+def test_bad_input_and_unknown_agents_write_nothing(database, tmp_path, settings):
     settings.RUNTIME = {**settings.RUNTIME, "MAX_PAYLOAD_BYTES": 100}
     with registry.override(make_agent("in", [FinalAnswer(1)], Ledger(tmp_path / "l"))):
         with pytest.raises(UnknownAgent, match="unknown agent 'nope'"):
@@ -259,14 +259,14 @@ def test_bad_input_and_unknown_agents_write_nothing(edb, tmp_path, settings):
     assert Run.objects.count() == 0 and Event.objects.count() == 0
 
 
-def test_an_agent_that_disappeared_fails_its_run_clearly(edb, tmp_path):
+def test_an_agent_that_disappeared_fails_its_run_clearly(database, tmp_path):
     with registry.override(make_agent("gone", [FinalAnswer(1)], Ledger(tmp_path / "l"))):
         run = start("gone", {})
     run = resume(run.pk)
     assert run.status == "failed" and "unknown agent 'gone'" in run.failure_message
 
 
-def test_cancel_ends_a_queued_run_and_refuses_a_finished_one(edb, tmp_path):
+def test_cancel_ends_a_queued_run_and_refuses_a_finished_one(database, tmp_path):
     with registry.override(make_agent("c", [FinalAnswer(1)], Ledger(tmp_path / "l"))):
         queued, done = start("c", {}), start("c", {})
         resume(done.pk)
@@ -280,7 +280,7 @@ def test_cancel_ends_a_queued_run_and_refuses_a_finished_one(edb, tmp_path):
 
 
 @pytest.mark.parametrize("value", [None, 0, "", [], "text", {"a": None}])
-def test_any_json_value_is_a_valid_input_including_null(edb, tmp_path, value):
+def test_any_json_value_is_a_valid_input_including_null(database, tmp_path, value):
     agent = make_agent("echo", [FinalAnswer("done")], Ledger(tmp_path / "ledger"))
     with registry.override(agent):
         run = start("echo", value)
@@ -291,7 +291,7 @@ def test_any_json_value_is_a_valid_input_including_null(edb, tmp_path, value):
     assert created.payload["input"] == value and verify(run).ok
 
 
-def test_a_run_holds_no_pooled_connection_while_it_waits_on_the_llm_or_a_tool(edb):
+def test_a_run_holds_no_pooled_connection_while_it_waits_on_the_llm_or_a_tool(database):
     """Where a pool lends connections (a worker's, on PostgreSQL), a run gives its own back
     before each outside call, so runs in flight need not fit in the server's connections;
     without a pool (SQLite) the thread keeps its connection."""

@@ -38,7 +38,7 @@ from tests.kit import (
     make_tools,
     snapshot,
 )
-from tests.procs import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -74,7 +74,7 @@ def _paused(agent_name: str, clock, input=None) -> tuple[Run, Approval]:
 
 @pytest.mark.parametrize("expires_in", [60, 60.0, timedelta(minutes=1)],
                          ids=["int", "float", "timedelta"])
-def test_a_policy_approval_past_its_deadline_expires_and_the_run_fails(edb, tmp_path, clock,
+def test_a_policy_approval_past_its_deadline_expires_and_the_run_fails(database, tmp_path, clock,
                                                                        expires_in):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_agent("exp", ledger, expires_in)):
@@ -127,7 +127,7 @@ def test_a_deadline_must_be_in_the_future(expires_in):
         RequireApproval("Charge?", expires_in=expires_in)
 
 
-def test_an_approval_without_a_deadline_never_expires(edb, tmp_path, clock):
+def test_an_approval_without_a_deadline_never_expires(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_agent("noexp", ledger, None)):
         run, approval = _paused("noexp", clock)
@@ -142,7 +142,7 @@ def test_an_approval_without_a_deadline_never_expires(edb, tmp_path, clock):
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])
-def test_a_decision_after_the_deadline_is_refused_even_before_the_sweep(edb, tmp_path, clock,
+def test_a_decision_after_the_deadline_is_refused_even_before_the_sweep(database, tmp_path, clock,
                                                                         decision):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_agent("late", ledger, 60)):
@@ -168,7 +168,8 @@ def test_a_decision_after_the_deadline_is_refused_even_before_the_sweep(edb, tmp
     assert verify(run.pk).ok
 
 
-def test_a_decision_just_before_the_deadline_wins_and_the_sweep_leaves_it(edb, tmp_path, clock):
+def test_a_decision_just_before_the_deadline_wins_and_the_sweep_leaves_it(
+        database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     agent = _agent("intime", ledger, 60)
     with registry.override(agent):
@@ -187,7 +188,7 @@ def test_a_decision_just_before_the_deadline_wins_and_the_sweep_leaves_it(edb, t
     assert verify(run.pk).ok
 
 
-def test_decision_and_expiry_racing_exactly_one_wins(edb, tmp_path):
+def test_decision_and_expiry_racing_exactly_one_wins(database, tmp_path):
     """An operator deciding just in time and the sweep just after the deadline, started together
     at a barrier: one compare-and-set from ``pending`` wins, the other changes nothing."""
     ledger = Ledger(tmp_path / "ledger")
@@ -260,7 +261,7 @@ def test_decision_and_expiry_racing_exactly_one_wins(edb, tmp_path):
 
 
 def test_the_agent_default_deadline_applies_to_an_interrupted_side_effect_only(
-        edb, tmp_path, clock, crash, settings):
+        database, tmp_path, clock, crash, settings):
     settings.RUNTIME = {**settings.RUNTIME, "APPROVAL_EXPIRES_SECONDS": {"dflt": 30}}
     ledger = Ledger(tmp_path / "ledger")
     # Its policy asks about `send` with no deadline of its own; `charge` is allowed.
@@ -306,7 +307,7 @@ def test_the_agent_default_deadline_applies_to_an_interrupted_side_effect_only(
         assert verify(r).ok
 
 
-def test_a_wildcard_default_and_a_policys_own_deadline(edb, tmp_path, clock, crash, settings):
+def test_a_wildcard_default_and_a_policys_own_deadline(database, tmp_path, clock, crash, settings):
     settings.RUNTIME = {**settings.RUNTIME, "APPROVAL_EXPIRES_SECONDS": {"*": 45, "own": 30}}
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_agent("any", ledger, None, ask_for="send"),
@@ -323,7 +324,7 @@ def test_a_wildcard_default_and_a_policys_own_deadline(edb, tmp_path, clock, cra
 
 
 @pytest.mark.slow
-def test_a_worker_process_expires_an_approval_on_its_own(edb, tmp_path, spawn):
+def test_a_worker_process_expires_an_approval_on_its_own(database, tmp_path, spawn):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_agent("wexp", ledger, 1.5)):
         run = start("wexp", {})  # the system clock: the worker judges the deadline by it

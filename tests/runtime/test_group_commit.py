@@ -7,7 +7,6 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-import time
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,6 +27,7 @@ from runtime.storage.sqlite.group import GroupCommitter, Ticket, group_committer
 from runtime.testkit import APPROVE, Crash, ProcessKit
 from tests.kit import Background
 from tests.procs import ROOT
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines("sqlite")  # group commit is how SQLite's single writer scales
 
@@ -50,13 +50,6 @@ def committer() -> GroupCommitter:
     return group_committer(os.path.abspath(settings.DATABASES["default"]["NAME"]))
 
 
-def wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
-    """Wait (bounded) for a state another thread reaches: synchronisation, not a guess."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.001)
-
 
 class Holder:
     """A group of one that holds the write lock until released, so every commit made meanwhile
@@ -75,7 +68,7 @@ class Holder:
         assert self.inside.wait(10)
 
     def queue_then_release(self, n: int) -> None:
-        wait_until(lambda: len(committer()._queue) == n, f"{n} plans queued")
+        wait_until(lambda: len(committer()._queue) == n, f"{n} plans queued", interval=0.001)
         self.release.set()
         self.job.thread.join(10)
 
@@ -84,7 +77,7 @@ def commit_in_background(lease: Lease, plan: Plan) -> Background:
     return Background(lambda: lease_commit(lease, plan, SYSTEM_CLOCK))
 
 
-def test_a_plan_alone_commits_on_its_own_thread_as_a_group_of_one(rdb):
+def test_a_plan_alone_commits_on_its_own_thread_as_a_group_of_one(sqlite_path):
     (lease,) = leases(1)
     before = committer().stats.groups
     lease_commit(lease, noted(lease, "alone"), SYSTEM_CLOCK)
@@ -92,7 +85,7 @@ def test_a_plan_alone_commits_on_its_own_thread_as_a_group_of_one(rdb):
     assert Event.objects.filter(run_id=lease.run_id, kind="llm.failed").count() == 1
 
 
-def test_plans_arriving_while_a_group_is_written_are_written_together_next(rdb):
+def test_plans_arriving_while_a_group_is_written_are_written_together_next(sqlite_path):
     first, *others = leases(5)
     holder = Holder(first)
     before = committer().stats.groups
@@ -110,7 +103,7 @@ def test_plans_arriving_while_a_group_is_written_are_written_together_next(rdb):
         assert Event.objects.filter(run_id=lease.run_id, kind="llm.failed").count() == 1
 
 
-def test_plans_queued_while_the_leader_waits_for_another_process_ride_in_its_group(rdb):
+def test_plans_queued_while_the_leader_waits_for_another_process_ride_in_its_group(sqlite_path):
     """The group is taken once the write lock is held: what queued while another process held
     it is written with the leader's plan, not left to wait for the lock a second time."""
     first, *others = leases(4)
@@ -119,9 +112,11 @@ def test_plans_queued_while_the_leader_waits_for_another_process_ride_in_its_gro
         fcntl.flock(other_process, fcntl.LOCK_EX)  # another open file: as another process's
         before = committer().stats.groups
         leader = commit_in_background(first, noted(first, "leader"))
-        wait_until(lambda: committer()._leading, "a leader waiting for the write lock")
+        wait_until(lambda: committer()._leading, "a leader waiting for the write lock",
+                   interval=0.001)
         jobs = [commit_in_background(lease, noted(lease, "queued")) for lease in others]
-        wait_until(lambda: len(committer()._queue) == len(others), "the others queued")
+        wait_until(lambda: len(committer()._queue) == len(others), "the others queued",
+                   interval=0.001)
     finally:
         os.close(other_process)  # releases the flock: the leader takes the lock
     for job in [leader, *jobs]:
@@ -132,7 +127,7 @@ def test_plans_queued_while_the_leader_waits_for_another_process_ride_in_its_gro
         assert Run.objects.get(pk=lease.run_id).event_seq == lease.position[0]
 
 
-def test_a_workers_claims_ride_in_the_group_with_its_runs_commits(rdb):
+def test_a_workers_claims_ride_in_the_group_with_its_runs_commits(sqlite_path):
     """A batch claim joins the group being formed instead of taking the write lock (and a
     sync) of its own: the claims and a run's commit queued meanwhile are one group."""
     first, other = leases(2)
@@ -170,7 +165,7 @@ def group_one_failing_among_kept(first: Lease, start_failing: Any,
     return failing
 
 
-def test_a_refused_plan_rolls_back_alone_and_the_others_commit(rdb):
+def test_a_refused_plan_rolls_back_alone_and_the_others_commit(sqlite_path):
     first, lost, *kept = leases(4)
     # Someone else moved ``lost`` on: its plan's fence (chain head) no longer holds.
     lease_commit(Lease(lost.run_id, lost.owner, lost.epoch, lost.expires_at, lost.position,
@@ -186,7 +181,7 @@ def test_a_refused_plan_rolls_back_alone_and_the_others_commit(rdb):
     assert not Event.objects.filter(payload__note="stale").exists()
 
 
-def test_a_plan_failing_half_way_is_undone_to_its_savepoint_and_the_others_commit(rdb):
+def test_a_plan_failing_half_way_is_undone_to_its_savepoint_and_the_others_commit(sqlite_path):
     first, broken, *kept = leases(4)
     Step.objects.create(run_id=broken.run_id, index=0, status=StepStatus.SUCCEEDED,
                         started_at=SYSTEM_CLOCK.now())
@@ -202,7 +197,7 @@ def test_a_plan_failing_half_way_is_undone_to_its_savepoint_and_the_others_commi
     assert not Event.objects.filter(payload__note="half").exists()
 
 
-def test_an_event_colliding_in_the_groups_one_insert_fails_its_plan_alone(rdb):
+def test_an_event_colliding_in_the_groups_one_insert_fails_its_plan_alone(sqlite_path):
     """The group's events go in one INSERT; a row put behind the runtime's back where one
     plan's event belongs makes that INSERT fail: the pass is undone and redone a plan at a
     time, and only that plan fails."""
@@ -219,7 +214,8 @@ def test_an_event_colliding_in_the_groups_one_insert_fails_its_plan_alone(rdb):
     assert not Event.objects.filter(payload__note="clash").exists()
 
 
-def test_a_crash_in_the_middle_of_a_group_loses_every_plan_of_it_and_nothing_else(rdb, crash):
+def test_a_crash_in_the_middle_of_a_group_loses_every_plan_of_it_and_nothing_else(
+        sqlite_path, crash):
     first, *grouped = leases(4)
     before = {lease.run_id: lease.position for lease in grouped}
     holder = Holder(first)
@@ -313,12 +309,12 @@ def test_a_group_of_one_takes_no_savepoint():
     assert tx.said == [] and t.outcome() == "x"
 
 
-def test_a_worker_killed_in_the_middle_of_a_group_commit_loses_that_group_only(edb, tmp_path):
+def test_a_worker_killed_in_the_middle_of_a_group_commit_loses_that_group_only(database, tmp_path):
     """A real worker process with 16 runs in flight dies inside a group commit of several
     plans: none of that group's plans is in the database, every run's chain is whole, and after
     a restart (an operator approving what is in doubt) every run ends with no side effect run
     twice without an approval, counted by the outside world's ledger."""
-    kit = ProcessKit(edb, tmp_path, agents="runtime.testkit.agents.AGENTS",
+    kit = ProcessKit(database, tmp_path, agents="runtime.testkit.agents.AGENTS",
                      manage=ROOT / "manage.py", lease_seconds=2,
                      env={"RUNTIME_TEST_DIR": str(tmp_path)})
     runs = [kit.start("charge") for _ in range(16)]

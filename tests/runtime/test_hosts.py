@@ -22,6 +22,11 @@ from runtime.testkit import APPROVE, ProcessKit
 from runtime.testkit.hosts import Cluster, PgServer
 from tests.engines import postgres_config
 from tests.procs import ROOT
+from tests.waiting import wait_until
+
+# Real processes on hosts of their own (network namespaces, a PostgreSQL server each):
+# slow, and one machine-wide resource, so they never run beside each other.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("machine")]
 
 AGENTS = "runtime.testkit.agents.AGENTS"
 LEASE = 2.0
@@ -54,12 +59,6 @@ class Site:
         return proc
 
 
-def wait_for(condition: Any, what: str, timeout: float = 60.0) -> None:
-    """Wait (bounded) for a state other processes reach: synchronisation, not a guess."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -109,7 +108,7 @@ def test_a_cut_off_worker_is_taken_over_and_afterwards_records_nothing(site, fau
     run_id = kit.start("charge")
     a = site.worker(a_host, "a")
     entered = site.workdir / f"entered-{run_id}-1"
-    wait_for(entered.exists, "worker A inside the charge")
+    wait_until(entered.exists, "worker A inside the charge")
     owner_a = _owner("a")
     if fault == "partition":
         site.cluster.partition(a_host)
@@ -118,10 +117,10 @@ def test_a_cut_off_worker_is_taken_over_and_afterwards_records_nothing(site, fau
         site.cluster.pause(a)
     else:
         assert a.pid in site.cluster.pause_host(a_host)
-        wait_for(lambda: _state(a.pid) == "T", "worker A stopped", timeout=10)
+        wait_until(lambda: _state(a.pid) == "T", "worker A stopped", timeout=10)
     kit.wait_for_expiry([run_id])
     b = site.worker(b_host, "b")
-    wait_for(lambda: Approval.objects.filter(run_id=run_id,
+    wait_until(lambda: Approval.objects.filter(run_id=run_id,
                                              status=ApprovalStatus.PENDING).exists(),
              "worker B to take the run over and ask a person")
     taken = Event.objects.get(run_id=run_id, kind="lease.taken_over")
@@ -133,14 +132,14 @@ def test_a_cut_off_worker_is_taken_over_and_afterwards_records_nothing(site, fau
     else:
         site.cluster.resume_host(a_host)
     (site.workdir / f"release-{run_id}").touch()
-    wait_for(lambda: re.search(rf"run={run_id} owner={re.escape(owner_a)} stopped",
+    wait_until(lambda: re.search(rf"run={run_id} owner={re.escape(owner_a)} stopped",
                                a.log.read_text()) is not None,
              "worker A to find its lease gone", timeout=120)
     assert a.poll() is None  # A survived it
     assert not Event.objects.filter(run_id=run_id, seq__gt=taken.seq, actor=owner_a).exists()
     assert kit.ledger.executions()[(run_id, 2)] == 1  # A's one call; nothing started after
     kit.operate(lambda approval: APPROVE)
-    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+    wait_until(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
              "the approved re-run to finish")
     assert kit.ledger.executions()[(run_id, 2)] == 2  # one more, with the approval consumed
     report = kit.check([run_id])
@@ -154,16 +153,16 @@ def _held_run_survives(site, kit, holder: Any, others: Any, seconds: float) -> t
     (``others()``), keep the call open ``seconds`` while they look for runs to take, release
     it; the run's id once it has succeeded, and the others."""
     run_id = kit.start("charge")
-    wait_for((site.workdir / f"entered-{run_id}-1").exists, "the holder inside the charge")
+    wait_until((site.workdir / f"entered-{run_id}-1").exists, "the holder inside the charge")
     started = others()
-    wait_for(lambda: WorkerRow.objects.count() == 1 + len(started), "the others registered")
+    wait_until(lambda: WorkerRow.objects.count() == 1 + len(started), "the others registered")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:  # the others poll every 0.2 s meanwhile
         assert holder.poll() is None
         assert not Event.objects.filter(run_id=run_id, kind="lease.taken_over").exists()
         time.sleep(0.2)
     (site.workdir / f"release-{run_id}").touch()
-    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+    wait_until(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
              "the held run to finish")
     assert not Event.objects.filter(run_id=run_id, kind="lease.taken_over").exists()
     assert kit.ledger.executions()[(run_id, 2)] == 1
@@ -179,13 +178,18 @@ def test_a_clock_two_hours_off_neither_takes_a_live_lease_nor_loses_its_own(site
     kit = ProcessKit(site.url, site.workdir, agents=AGENTS, manage=ROOT / "manage.py",
                      lease_seconds=LEASE, env=site.env)
     a = site.worker(site.cluster.hosts[0], "a", skew=skew)
+    began = time.monotonic()
     run_id, others = _held_run_survives(
         site, kit, a, lambda: [site.worker(site.cluster.hosts[i], f"o{i}", skew=-skew)
                                for i in (1, 2)], 3 * LEASE)
-    # the skew was real: the holder stamped its events with its own clock
+    window = time.monotonic() - began
+    # the skew was real: the holder stamped its events with its own clock, so the time between
+    # the run's creation (this process) and the charge's start (the holder) is the skew plus
+    # some of the time this test took
     started = Event.objects.get(run_id=run_id, kind="step.tool_started", step_index=2)
     claimed = Event.objects.get(run_id=run_id, kind="run.created")
-    assert abs((started.at - claimed.at).total_seconds() - skew) < 60
+    real = (started.at - claimed.at).total_seconds() - skew
+    assert -0.01 <= real <= window
     assert a.log.read_text().count("lease lost") == 0
     for proc in (a, *others):
         site.cluster.kill(proc)
@@ -228,7 +232,7 @@ def test_every_worker_rides_out_a_database_restart_and_every_run_ends(site):
     runs = [kit.start("charge" if i % 2 else "read") for i in range(30)]
     workers = [site.worker(host, f"w{i}", "--concurrency", "3")
                for i, host in enumerate(site.cluster.hosts)]
-    wait_for(lambda: Run.objects.filter(pk__in=runs, status=RunStatus.SUCCEEDED).count() >= 5,
+    wait_until(lambda: Run.objects.filter(pk__in=runs, status=RunStatus.SUCCEEDED).count() >= 5,
              "work under way")
     site.server.restart()
     from django.db import connection
@@ -240,7 +244,7 @@ def test_every_worker_rides_out_a_database_restart_and_every_run_ends(site):
         return not Run.objects.filter(pk__in=runs).exclude(
             status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]).exists()
 
-    wait_for(settled, "every run to end", timeout=120)
+    wait_until(settled, "every run to end", timeout=120)
     assert all(w.poll() is None for w in workers)  # every worker survived the restart
     assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {
         RunStatus.SUCCEEDED}
@@ -262,17 +266,17 @@ def test_a_long_partition_ends_in_database_errors_not_a_hang_and_the_worker_serv
                      lease_seconds=LEASE, env=site.env)
     host = site.cluster.hosts[0]
     a = site.worker(host, "a")
-    wait_for(lambda: WorkerRow.objects.filter(name="a").exists(), "worker A registered")
+    wait_until(lambda: WorkerRow.objects.filter(name="a").exists(), "worker A registered")
     site.cluster.partition(host)
     try:
         # the claim loop's statement gives up (without the bounds it waits for many minutes)
-        wait_for(lambda: "database fault while claiming" in a.log.read_text(),
+        wait_until(lambda: "database fault while claiming" in a.log.read_text(),
                  "A's claim to fail while its host is cut off", timeout=30)
     finally:
         site.cluster.heal(host)
     assert a.poll() is None
     run_id = kit.start("read")
-    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+    wait_until(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
              "A to serve a new run after the link healed", timeout=60)
     assert Event.objects.filter(run_id=run_id, kind="run.succeeded",
                                 actor=_owner("a")).exists()
@@ -304,10 +308,10 @@ def test_a_transaction_orphaned_by_a_partition_releases_its_locks(site):
     locker = site.cluster.popen(
         host, [sys.executable, str(ROOT / "manage.py"), "shell", "-c", LOCKER],
         env={**site.env, "LOCK_RUN": str(run_id)}, log=site.workdir / "locker.log", cwd=ROOT)
-    wait_for(lambda: "locked" in (site.workdir / "locker.log").read_text(), "the row locked")
+    wait_until(lambda: "locked" in (site.workdir / "locker.log").read_text(), "the row locked")
     site.cluster.partition(host)
     b = site.worker(site.cluster.hosts[1], "b")
-    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
+    wait_until(lambda: Run.objects.get(pk=run_id).status == RunStatus.SUCCEEDED,
              "B to run it once the server ended the orphaned transaction", timeout=60)
     assert locker.poll() is None  # the locker never gave the lock up itself
     site.cluster.heal(host)
@@ -351,13 +355,16 @@ def test_a_slow_link_delays_each_way_keeps_order_and_can_change_while_it_runs():
                 got += conn.recv(65536)
             assert time.monotonic() - began >= 0.4  # two delays at least
             assert got == sent
-            for change, check in ((lambda: proxy.slow(1.0), lambda took: took >= 2.0),
-                                  (proxy.fast, lambda took: took < 2.0)):
-                change()
-                began = time.monotonic()
-                conn.sendall(b"x")
-                assert conn.recv(10) == b"x"
-                assert check(time.monotonic() - began)
+            proxy.slow(1.0)
+            began = time.monotonic()
+            conn.sendall(b"x")
+            assert conn.recv(10) == b"x"
+            assert time.monotonic() - began >= 2.0  # a second each way
+            assert list(proxy.held)[-2:] == pytest.approx([1.0, 1.0], abs=1e-6)
+            proxy.fast()  # recovered: the next chunks are held no time at all, either way
+            conn.sendall(b"x")
+            assert conn.recv(10) == b"x"
+            assert list(proxy.held)[-2:] == [0.0, 0.0]
     finally:
         proxy.stop()
         loop.call_soon_threadsafe(loop.stop)

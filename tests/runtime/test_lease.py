@@ -41,7 +41,7 @@ def _events(run_id: int, kind: str) -> list[Event]:
     return list(Event.objects.filter(run_id=run_id, kind=kind).order_by("seq"))
 
 
-def test_long_tool_call_keeps_the_lease(edb, tmp_path):
+def test_long_tool_call_keeps_the_lease(database, tmp_path):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate()
     agent = make_agent("long", [ToolCall("read", {"key": "a"}), FinalAnswer("ok")], ledger,
                        {"read": gate})
@@ -69,7 +69,7 @@ def test_long_tool_call_keeps_the_lease(edb, tmp_path):
     assert _events(run.pk, "step.tool_finished")[0].payload["result"] == {"value": "A"}
 
 
-def test_held_connection_does_not_starve_the_heartbeat(edb):
+def test_held_connection_does_not_starve_the_heartbeat(database):
     gate, seen = Gate(), {}
 
     @tool(effect="read_only")
@@ -104,7 +104,7 @@ def test_held_connection_does_not_starve_the_heartbeat(edb):
     assert bg.error is None and bg.result.status == "succeeded"
 
 
-def test_lapsed_lease_starts_no_side_effect(edb, tmp_path, clock):
+def test_lapsed_lease_starts_no_side_effect(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
 
     def stalled_llm(transcript):
@@ -124,7 +124,7 @@ def test_lapsed_lease_starts_no_side_effect(edb, tmp_path, clock):
     assert row.status == "running" and row.lease_owner == driver.owner
 
 
-def test_loop_that_loses_its_lease_stops_before_the_next_tool_call(edb, tmp_path, clock):
+def test_loop_that_loses_its_lease_stops_before_the_next_tool_call(database, tmp_path, clock):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate(once=True)
     agent = make_agent("lose", [ToolCall("charge", {"amount": 1}),
                                 ToolCall("charge", {"amount": 2}), FinalAnswer("ok")],
@@ -150,7 +150,7 @@ def test_loop_that_loses_its_lease_stops_before_the_next_tool_call(edb, tmp_path
     assert verify(run.pk).ok
 
 
-def test_no_llm_call_after_the_lease_is_lost(edb, tmp_path):
+def test_no_llm_call_after_the_lease_is_lost(database, tmp_path):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate()
     llm = ScriptedLLM([ToolCall("read", {"key": "a"}), ToolCall("read", {"key": "b"}),
                        FinalAnswer("ok")])
@@ -172,7 +172,7 @@ def test_no_llm_call_after_the_lease_is_lost(edb, tmp_path):
     assert ledger.count("read") == 1
 
 
-def test_expired_lease_records_the_result_but_starts_nothing(edb, tmp_path, clock):
+def test_expired_lease_records_the_result_but_starts_nothing(database, tmp_path, clock):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate(once=True)
     agent = make_agent("exp", [ToolCall("read", {"key": "a"}), ToolCall("read", {"key": "b"}),
                                FinalAnswer("ok")], ledger, {"read": gate})
@@ -194,7 +194,7 @@ def test_expired_lease_records_the_result_but_starts_nothing(edb, tmp_path, cloc
     assert events_of(run).count("step.interrupted") == 0  # nothing was in flight
 
 
-def test_resume_of_a_live_run_is_refused(edb, tmp_path):
+def test_resume_of_a_live_run_is_refused(database, tmp_path):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate()
     agent = make_agent("live", [ToolCall("read", {"key": "a"}), FinalAnswer("ok")], ledger,
                        {"read": gate})
@@ -217,7 +217,7 @@ def test_resume_of_a_live_run_is_refused(edb, tmp_path):
     assert ledger.count("read") == 1
 
 
-def test_same_lease_owner_name_is_two_owners(edb, tmp_path):
+def test_same_lease_owner_name_is_two_owners(database, tmp_path):
     one, two = make_owner("worker"), make_owner("worker")
     assert one != two
     for owner in (one, two):
@@ -238,7 +238,7 @@ def test_same_lease_owner_name_is_two_owners(edb, tmp_path):
     assert bg.result.status == "succeeded"
 
 
-def test_expired_lease_is_taken_over_and_reconciled_once(edb, tmp_path, clock):
+def test_expired_lease_is_taken_over_and_reconciled_once(database, tmp_path, clock):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate(once=True)
     agent = make_agent("take", [ToolCall("read", {"key": "a"}), FinalAnswer("ok")], ledger,
                        {"read": gate})
@@ -271,7 +271,7 @@ def test_expired_lease_is_taken_over_and_reconciled_once(edb, tmp_path, clock):
     assert verify(run.pk).ok
 
 
-def test_a_queued_run_is_claimed_by_exactly_one_of_many_racers(edb, tmp_path):
+def test_a_queued_run_is_claimed_by_exactly_one_of_many_racers(database, tmp_path):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("race", [ToolCall("charge", {"amount": 1}), FinalAnswer("ok")], ledger)
     barrier = threading.Barrier(6)
@@ -295,7 +295,7 @@ def test_a_queued_run_is_claimed_by_exactly_one_of_many_racers(edb, tmp_path):
     assert events_of(run).count("lease.taken") == 1
 
 
-def test_renewal_needs_the_same_owner_and_epoch_and_an_unexpired_lease(edb, clock, tmp_path):
+def test_renewal_needs_the_same_owner_and_epoch_and_an_unexpired_lease(database, clock, tmp_path):
     agent = make_agent("renew", [FinalAnswer("ok")], Ledger(tmp_path / "ledger"))
     with registry.override(agent):
         run = start("renew", {})
@@ -316,7 +316,7 @@ def _counter():
     return SqliteCounter() if connection.vendor == "sqlite" else PgTrace()
 
 
-def test_claims_in_a_batch_take_each_run_once_in_one_commit(edb, clock):
+def test_claims_in_a_batch_take_each_run_once_in_one_commit(database, clock):
     queued = [run_create("batch", {"i": i}, now=clock.now()).pk for i in range(40)]
     with _counter() as counted:
         got = run_claim_many("me", 32, lease_seconds=30, clock=clock)
@@ -333,7 +333,7 @@ def test_claims_in_a_batch_take_each_run_once_in_one_commit(edb, clock):
         verify(Run.objects.get(pk=run_id))
 
 
-def test_the_leases_of_256_runs_in_flight_are_renewed_by_one_statement(edb, clock):
+def test_the_leases_of_256_runs_in_flight_are_renewed_by_one_statement(database, clock):
     for i in range(256):
         run_create("many", {"i": i}, now=clock.now())
     leases = []
@@ -348,7 +348,7 @@ def test_the_leases_of_256_runs_in_flight_are_renewed_by_one_statement(edb, cloc
 
 
 def test_a_claim_looks_at_gone_leases_first_then_queued_runs_of_its_agents_not_excluded(
-        edb, clock):
+        database, clock):
     def claimed(pk: int, owner: str, seconds: float) -> int:
         run_acquire(pk, owner, lease_seconds=seconds, clock=clock)
         return pk
@@ -372,7 +372,7 @@ def test_a_claim_looks_at_gone_leases_first_then_queued_runs_of_its_agents_not_e
     assert Run.objects.get(pk=excluded).status == "queued"
 
 
-def test_a_claimed_run_is_read_as_the_orm_reads_it_every_field_and_type(edb, clock):
+def test_a_claimed_run_is_read_as_the_orm_reads_it_every_field_and_type(database, clock):
     """Claims read runs with a plain cursor and the ORM's converters: times, JSON, decimals
     and the lease's expiry come back as the ORM gives them (what the loop then works with)."""
     run = run_create("a", {"text": "é", "n": [1, 2.5, None]}, now=clock.now())

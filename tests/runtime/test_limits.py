@@ -145,7 +145,7 @@ def test_a_lone_surrogate_is_refused_not_a_crash():
 
 @pytest.mark.engines
 @pytest.mark.parametrize("depth", DEPTHS)
-def test_deep_run_input_is_refused_and_nothing_is_written(edb, tmp_path, depth):
+def test_deep_run_input_is_refused_and_nothing_is_written(database, tmp_path, depth):
     agent = make_agent("deep", [FinalAnswer("ok")], Ledger(tmp_path / "l"))
     with registry.override(agent), pytest.raises(InvalidPayload, match=f"run input: {TOO_DEEP}"):
         start("deep", {"order": nest(depth)})
@@ -153,7 +153,7 @@ def test_deep_run_input_is_refused_and_nothing_is_written(edb, tmp_path, depth):
 
 
 @pytest.mark.engines
-def test_run_input_at_the_limit_is_stored_and_read_back(edb, tmp_path):
+def test_run_input_at_the_limit_is_stored_and_read_back(database, tmp_path):
     value = nest(LIMIT)
     with registry.override(make_agent("deep", [FinalAnswer("ok")], Ledger(tmp_path / "l"))):
         run = resume(start("deep", value).pk)
@@ -167,7 +167,7 @@ def _errors_seen_by_llm(transcript):
     return None
 
 
-def test_deep_tool_arguments_fail_the_step_as_other_invalid_arguments_do(edb, tmp_path):
+def test_deep_tool_arguments_fail_the_step_as_other_invalid_arguments_do(database, tmp_path):
     """As for arguments too large: nothing deep is stored, the step fails with the reason,
     the tool is not called, and the LLM is shown the error."""
     ledger = Ledger(tmp_path / "l")
@@ -185,7 +185,7 @@ def test_deep_tool_arguments_fail_the_step_as_other_invalid_arguments_do(edb, tm
     assert verify(run).ok
 
 
-def test_tool_arguments_too_deep_to_encode_fail_the_run_cleanly(edb, tmp_path):
+def test_tool_arguments_too_deep_to_encode_fail_the_run_cleanly(database, tmp_path):
     """Past what the encoder's recursion takes, the runtime's check of the LLM's answer
     (``_checked_decisions``) refuses it, as it does arguments JSON cannot hold: the request
     fails and the run with it, with the reason, and nothing deep is stored."""
@@ -202,7 +202,7 @@ def test_tool_arguments_too_deep_to_encode_fail_the_run_cleanly(edb, tmp_path):
 
 
 @pytest.mark.parametrize("depth", DEPTHS)
-def test_a_deep_tool_result_fails_the_step_and_the_run_goes_on(edb, tmp_path, depth):
+def test_a_deep_tool_result_fails_the_step_and_the_run_goes_on(database, tmp_path, depth):
     @tool(effect="read_only")
     def deep() -> object:
         """Return something too deep to store."""
@@ -221,7 +221,7 @@ def test_a_deep_tool_result_fails_the_step_and_the_run_goes_on(edb, tmp_path, de
 
 
 @pytest.mark.parametrize("depth", DEPTHS)
-def test_a_deep_final_answer_fails_the_run(edb, tmp_path, depth):
+def test_a_deep_final_answer_fails_the_run(database, tmp_path, depth):
     llm = ScriptedLLM([FinalAnswer({"answer": nest(depth)})])
     with registry.override(make_agent("deepfinal", [], Ledger(tmp_path / "l"), llm=llm)):
         run = resume(start("deepfinal", {}).pk)
@@ -231,7 +231,7 @@ def test_a_deep_final_answer_fails_the_run(edb, tmp_path, depth):
 
 
 @pytest.mark.engines
-def test_a_later_decision_that_cannot_be_stored_fails_the_answer_not_the_worker(edb, tmp_path):
+def test_a_later_decision_that_cannot_be_stored_fails_the_answer_not_the_worker(database, tmp_path):
     """One answer with a tool call and, after it, a final answer too deep to keep: the later
     decision would wait in the run row, so the answer fails as a whole, cleanly, and the run
     is not left running with nobody's loop on it."""
@@ -250,14 +250,14 @@ def test_a_later_decision_that_cannot_be_stored_fails_the_answer_not_the_worker(
 
 
 @pytest.mark.parametrize("command", ["startrun", "runagent"])
-def test_commands_refuse_deep_input_that_parses(edb, command):
+def test_commands_refuse_deep_input_that_parses(database, command):
     with pytest.raises(CommandError, match=TOO_DEEP):
         call_command(command, "hello", "--input", nested_text(40))
     assert not Run.objects.exists()
 
 
 @pytest.mark.parametrize("command", ["startrun", "runagent"])
-def test_commands_refuse_input_too_deep_to_parse(edb, command):
+def test_commands_refuse_input_too_deep_to_parse(database, command):
     with pytest.raises(CommandError, match=TOO_DEEP):
         call_command(command, "hello", "--input", nested_text(100_000))
     assert not Run.objects.exists()

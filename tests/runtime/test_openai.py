@@ -167,7 +167,7 @@ def failures(run: Run) -> list[dict[str, Any]]:
 # -- the protocol ----------------------------------------------------------------------------
 
 
-def test_a_tool_call_round_trip_through_a_real_run(rdb, server):
+def test_a_tool_call_round_trip_through_a_real_run(sqlite_path, server):
     server.then(answer(calls=[("lookup_order", {"order_id": "A-1"})], usage=(11, 7)),
                 answer("refund issued", usage=(20, 3)))
     run = run_agent(agent_for(server, system_prompt="You handle refunds."))
@@ -196,7 +196,7 @@ def test_a_tool_call_round_trip_through_a_real_run(rdb, server):
     assert failures(run) == [] and verify(run).ok
 
 
-def test_a_tool_error_is_sent_back_as_the_tool_message(rdb, server):
+def test_a_tool_error_is_sent_back_as_the_tool_message(sqlite_path, server):
     server.then(answer(calls=[("lookup_order", {"order": "A-1"})]), answer("sorry"))
     run = run_agent(agent_for(server))
     assert run.status == "succeeded"
@@ -206,7 +206,7 @@ def test_a_tool_error_is_sent_back_as_the_tool_message(rdb, server):
     assert "system" not in [m["role"] for m in server.bodies()[0]["messages"]]
 
 
-def test_several_tool_calls_in_one_answer_are_consecutive_steps(rdb, server):
+def test_several_tool_calls_in_one_answer_are_consecutive_steps(sqlite_path, server):
     server.then(answer(calls=[("lookup_order", {"order_id": "A"}),
                               ("lookup_order", '{"order_id": "B"}')]),
                 answer("both found"))
@@ -220,7 +220,7 @@ def test_several_tool_calls_in_one_answer_are_consecutive_steps(rdb, server):
 
 
 @pytest.mark.parametrize(("retry_after", "cap", "waited"), [("7", 30, 7.0), ("3600", 5, 5.0)])
-def test_a_rate_limit_waits_for_retry_after_then_retries(rdb, server, settings, retry_after,
+def test_a_rate_limit_waits_for_retry_after_then_retries(sqlite_path, server, settings, retry_after,
                                                          cap, waited):
     settings.RUNTIME = {**settings.RUNTIME, "LLM_RETRY_MAX_SECONDS": cap}
     server.then(error(429, "slow down", Retry_After=retry_after), answer("ok", usage=(8, 2)))
@@ -253,7 +253,7 @@ def test_a_rate_limit_waits_for_retry_after_then_retries(rdb, server, settings, 
      "tool call 'lookup_order' has arguments that are not JSON"),
     (answer(calls=[("lookup_order", "[1, 2]")]), "arguments that are not an object"),
 ])
-def test_server_errors_and_malformed_answers_are_retried(rdb, server, failure, expect):
+def test_server_errors_and_malformed_answers_are_retried(sqlite_path, server, failure, expect):
     server.then(failure, answer(calls=[("lookup_order", {"order_id": "A"})]), answer("done"))
     sleeper = Sleeper()
     run = run_agent(agent_for(server), sleeper)
@@ -267,7 +267,7 @@ def test_server_errors_and_malformed_answers_are_retried(rdb, server, failure, e
     assert Step.objects.filter(run_id=run.pk).count() == 2
 
 
-def test_a_timeout_is_retried(rdb, server):
+def test_a_timeout_is_retried(sqlite_path, server):
     server.then({"hang": True}, answer("after the timeout"))
     run = run_agent(agent_for(server, timeout=0.3))
     assert run.status == "succeeded" and run.output == "after the timeout"
@@ -276,7 +276,7 @@ def test_a_timeout_is_retried(rdb, server):
     assert failed["retryable"] is True and "status" not in failed
 
 
-def test_a_refused_connection_is_retried_then_fails_the_run(rdb):
+def test_a_refused_connection_is_retried_then_fails_the_run(sqlite_path):
     probe = FakeServer()
     url = probe.url
     probe.stop()  # nothing listens on this port any more
@@ -287,7 +287,7 @@ def test_a_refused_connection_is_retried_then_fails_the_run(rdb):
     assert "LLM connection failed (ConnectError" in run.failure_message
 
 
-def test_retries_do_not_count_toward_max_llm_requests(rdb, server):
+def test_retries_do_not_count_toward_max_llm_requests(sqlite_path, server):
     server.then(error(500), error(502), answer("ok"))
     run = run_agent(agent_for(server, budget=Budget(max_llm_requests=1)))
     assert run.status == "succeeded" and run.llm_requests == 1
@@ -297,7 +297,7 @@ def test_retries_do_not_count_toward_max_llm_requests(rdb, server):
 # -- failures that end the run ---------------------------------------------------------------
 
 
-def test_exhausted_retries_fail_the_run_without_a_half_recorded_step(rdb, server):
+def test_exhausted_retries_fail_the_run_without_a_half_recorded_step(sqlite_path, server):
     server.then(error(500, "a"), error(500, "b"), error(500, "c"), answer("too late"))
     sleeper = Sleeper()
     run = run_agent(agent_for(server, max_retries=2), sleeper)
@@ -318,7 +318,7 @@ def test_exhausted_retries_fail_the_run_without_a_half_recorded_step(rdb, server
     assert verify(run).ok
 
 
-def test_the_retry_limit_defaults_to_the_setting(rdb, server, settings):
+def test_the_retry_limit_defaults_to_the_setting(sqlite_path, server, settings):
     settings.RUNTIME = {**settings.RUNTIME, "LLM_RETRIES": 1}
     server.then(error(500), error(500), answer("too late"))
     run = run_agent(agent_for(server))
@@ -328,7 +328,7 @@ def test_the_retry_limit_defaults_to_the_setting(rdb, server, settings):
 @pytest.mark.parametrize(("status", "message"), [(400, "bad request body"),
                                                  (401, "invalid api key"),
                                                  (404, "no such model")])
-def test_client_errors_fail_the_run_at_once(rdb, server, status, message):
+def test_client_errors_fail_the_run_at_once(sqlite_path, server, status, message):
     server.then(error(status, message), answer("never asked"))
     sleeper = Sleeper()
     run = run_agent(agent_for(server), sleeper)
@@ -345,7 +345,7 @@ def test_client_errors_fail_the_run_at_once(rdb, server, status, message):
 # -- interruptions during the wait before a retry --------------------------------------------
 
 
-def test_a_crash_while_waiting_to_retry_leaves_the_step_resumable(rdb, server, clock):
+def test_a_crash_while_waiting_to_retry_leaves_the_step_resumable(sqlite_path, server, clock):
     server.then(answer(calls=[("lookup_order", {"order_id": "A"})]), error(500),
                 answer("done"))
 
@@ -370,7 +370,7 @@ def test_a_crash_while_waiting_to_retry_leaves_the_step_resumable(rdb, server, c
     assert verify(run).ok
 
 
-def test_a_lease_lost_while_waiting_stops_before_the_retry(rdb, server, clock):
+def test_a_lease_lost_while_waiting_stops_before_the_retry(sqlite_path, server, clock):
     server.then(error(503), answer("done by the new owner"))
     keeper = LeaseKeeper(5, clock=clock)  # its heartbeat is run by hand below
     other = Driver(name="other", lease_seconds=5, clock=clock, keeper=LeaseKeeper(5, clock=clock))
@@ -394,7 +394,7 @@ def test_a_lease_lost_while_waiting_stops_before_the_retry(rdb, server, clock):
     assert len(server.requests) == 2 and verify(run).ok
 
 
-def test_a_stop_request_while_waiting_releases_the_run(rdb, server):
+def test_a_stop_request_while_waiting_releases_the_run(sqlite_path, server):
     server.then(error(429, Retry_After="20"), answer("done later"))
     stop = threading.Event()
     with registry.override(agent_for(server)):

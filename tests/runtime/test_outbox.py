@@ -28,7 +28,7 @@ from runtime.models import Approval, Notification, NotificationAttempt
 from runtime.notifications.channels import channels
 from runtime.notifications.delivery import CLAIM_SECONDS, OutboxSender, outbox_deliver_due
 from tests.kit import Ledger, make_tools
-from tests.procs import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -77,7 +77,7 @@ def policy(request, run):
 
 
 @pytest.fixture
-def paused(edb, tmp_path, clock):
+def paused(database, tmp_path, clock):
     """Make a run paused by its policy (a pending policy approval); returns the approval."""
     agent = Agent("nt", ScriptedLLM([ToolCall("charge", {"amount": 9}), FinalAnswer("done")]),
                   make_tools(Ledger(tmp_path / "ledger")), policy=policy)

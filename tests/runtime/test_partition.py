@@ -7,8 +7,14 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from runtime.testkit.partition import FAULTS
 from tests.procs import ROOT
+
+# Real processes on hosts of their own (network namespaces, a PostgreSQL server each):
+# slow, and one machine-wide resource, so they never run beside each other.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("machine")]
 
 
 def test_a_short_seeded_partition_soak_injects_every_fault_and_every_invariant_holds(tmp_path):

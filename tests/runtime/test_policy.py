@@ -48,7 +48,7 @@ def _agent(name: str, ledger: Ledger, policy: Switchable) -> Agent:
 
 
 
-def test_require_approval_pauses_before_the_tool_starts(rdb, tmp_path, clock):
+def test_require_approval_pauses_before_the_tool_starts(sqlite_path, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     policy = Switchable(RequireApproval("Charge 9?", "The agent wants to charge the card 9."))
     with registry.override(_agent("pol", ledger, policy)):
@@ -76,7 +76,7 @@ def test_require_approval_pauses_before_the_tool_starts(rdb, tmp_path, clock):
     assert verify(run.pk).ok
 
 
-def test_allowed_after_approval_the_tool_runs_once(rdb, tmp_path, clock):
+def test_allowed_after_approval_the_tool_runs_once(sqlite_path, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     policy = Switchable(RequireApproval("Charge 9?"))  # still requires approval when re-asked
     with registry.override(_agent("pola", ledger, policy)):
@@ -94,7 +94,7 @@ def test_allowed_after_approval_the_tool_runs_once(rdb, tmp_path, clock):
     assert verify(run.pk).ok
 
 
-def test_deny_fails_the_run_policy_denied(rdb, tmp_path, clock):
+def test_deny_fails_the_run_policy_denied(sqlite_path, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     policy = Switchable(Deny("charges are frozen"))
     with registry.override(_agent("pold", ledger, policy)):
@@ -113,7 +113,7 @@ def test_deny_fails_the_run_policy_denied(rdb, tmp_path, clock):
     assert verify(run.pk).ok
 
 
-def test_policy_that_raises_fails_the_run_without_calling_the_tool(rdb, tmp_path, clock):
+def test_policy_that_raises_fails_the_run_without_calling_the_tool(sqlite_path, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
 
     def policy(request, run):
@@ -131,7 +131,8 @@ def test_policy_that_raises_fails_the_run_without_calling_the_tool(rdb, tmp_path
 
 
 @pytest.mark.parametrize("kind", ["policy", "interrupted_side_effect"])
-def test_policy_is_reevaluated_when_the_approval_is_consumed(rdb, tmp_path, clock, crash, kind):
+def test_policy_is_reevaluated_when_the_approval_is_consumed(
+        sqlite_path, tmp_path, clock, crash, kind):
     ledger = Ledger(tmp_path / "ledger")
     policy = Switchable(RequireApproval("Charge 9?") if kind == "policy" else Allow())
     with registry.override(_agent("pre", ledger, policy)):

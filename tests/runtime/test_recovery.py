@@ -57,7 +57,7 @@ def step(run: Run, index: int) -> Step:
 # -- side effects put to a person ---------------------------------------------------------------
 
 
-def test_interrupted_side_effect_waits_for_an_operator(edb, tmp_path, clock, crash):
+def test_interrupted_side_effect_waits_for_an_operator(database, tmp_path, clock, crash):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("ise", [ToolCall("read", {"key": "k"}), ToolCall("charge", {"amount": 5}),
                                FinalAnswer("done")], ledger)
@@ -107,7 +107,7 @@ def test_interrupted_side_effect_waits_for_an_operator(edb, tmp_path, clock, cra
 
 
 @pytest.mark.parametrize("case", ["read_only", "deciding", "deciding_in_llm", "deciding_planned"])
-def test_interrupted_read_only_or_deciding_step_continues(edb, tmp_path, clock, crash, case):
+def test_interrupted_read_only_or_deciding_step_continues(database, tmp_path, clock, crash, case):
     ledger = Ledger(tmp_path / "ledger")
     if case == "deciding_planned":  # one LLM response asked for two calls; step 2 is planned
         script = [[ToolCall("read", {"key": "a"}), ToolCall("read", {"key": "b"})],
@@ -152,7 +152,7 @@ def test_interrupted_read_only_or_deciding_step_continues(edb, tmp_path, clock, 
     assert verify(run.pk).ok
 
 
-def test_interrupted_read_only_step_over_its_attempt_cap_fails_the_run(edb, tmp_path, clock,
+def test_interrupted_read_only_step_over_its_attempt_cap_fails_the_run(database, tmp_path, clock,
                                                                         crash):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("cap", [ToolCall("read", {"key": "a"}), FinalAnswer("done")], ledger)
@@ -182,7 +182,7 @@ def test_interrupted_read_only_step_over_its_attempt_cap_fails_the_run(edb, tmp_
     Wait("Check the card processor", "Look the key up in the processor's dashboard."),
     Conflict("the order was refunded meanwhile"),
 ], ids=["continue", "complete", "wait", "conflict"])
-def test_reconcile_outcomes(edb, tmp_path, clock, crash, outcome):
+def test_reconcile_outcomes(database, tmp_path, clock, crash, outcome):
     ledger, views = Ledger(tmp_path / "ledger"), []
 
     def reconcile(view):
@@ -245,8 +245,8 @@ def test_reconcile_outcomes(edb, tmp_path, clock, crash, outcome):
 
 @pytest.mark.parametrize("point,dispatched", [
     (CrashPoint.AFTER_TOOL_STARTED, False), (CrashPoint.AFTER_TOOL_DISPATCHED, True)])
-def test_reconcile_view_says_whether_the_call_was_dispatched(edb, tmp_path, clock, crash, point,
-                                                             dispatched):
+def test_reconcile_view_says_whether_the_call_was_dispatched(
+        database, tmp_path, clock, crash, point, dispatched):
     ledger, views = Ledger(tmp_path / "ledger"), []
 
     def reconcile(view):
@@ -269,7 +269,8 @@ def test_reconcile_view_says_whether_the_call_was_dispatched(edb, tmp_path, cloc
     assert verify(run.pk).ok
 
 
-def test_a_continue_while_the_old_call_may_still_land_asks_a_person(edb, tmp_path, clock, crash):
+def test_a_continue_while_the_old_call_may_still_land_asks_a_person(
+        database, tmp_path, clock, crash):
     """The worker inside the charge lost its lease without being proved dead (cut off or
     paused: its call may still be under way). The reconcile finds nothing yet and answers
     Continue; the runtime does not re-run the charge on that word but asks a person, saying
@@ -305,7 +306,7 @@ def test_a_continue_while_the_old_call_may_still_land_asks_a_person(edb, tmp_pat
     assert verify(run.pk).ok
 
 
-def test_a_takeover_of_a_proved_dead_owner_says_so_on_the_interruption(edb, tmp_path, clock,
+def test_a_takeover_of_a_proved_dead_owner_says_so_on_the_interruption(database, tmp_path, clock,
                                                                      crash):
     """Proof of death is asked for even after the lease expired, and recorded on the step's
     interruption: it is what lets a reconcile's Continue re-run at once."""
@@ -325,7 +326,7 @@ def test_a_takeover_of_a_proved_dead_owner_says_so_on_the_interruption(edb, tmp_
 
 @pytest.mark.parametrize("point", [CrashPoint.AFTER_TOOL_EFFECT, CrashPoint.AFTER_TOOL_STARTED],
                          ids=["went_out", "never_went_out"])
-def test_interrupted_step_is_reconciled_and_continued(edb, tmp_path, clock, crash, point):
+def test_interrupted_step_is_reconciled_and_continued(database, tmp_path, clock, crash, point):
     """The seed's example: the consumer looks the idempotency key up in the outside world."""
     ledger, transcripts = Ledger(tmp_path / "ledger"), []
 
@@ -377,8 +378,8 @@ def _stricter_tools(ledger: Ledger) -> list:
 
 @pytest.mark.parametrize("when", ["on_takeover", "after_approval"])
 @pytest.mark.parametrize("change", ["unregistered", "stricter_schema"])
-def test_unregistered_tool_or_bad_arguments_is_a_reconcile_conflict(edb, tmp_path, clock, crash,
-                                                                    change, when):
+def test_unregistered_tool_or_bad_arguments_is_a_reconcile_conflict(
+        database, tmp_path, clock, crash, change, when):
     ledger = Ledger(tmp_path / "ledger")
     script = [ToolCall("charge", {"amount": 5}), FinalAnswer("done")]
     agent = make_agent("gone", script, ledger)
@@ -414,7 +415,7 @@ def test_unregistered_tool_or_bad_arguments_is_a_reconcile_conflict(edb, tmp_pat
     assert verify(run.pk).ok
 
 
-def test_crash_during_the_takeover_still_waits_for_an_operator(edb, tmp_path, clock, crash):
+def test_crash_during_the_takeover_still_waits_for_an_operator(database, tmp_path, clock, crash):
     """The heir dies right after recording the interruption; the next heir must not take the
     already-interrupted step for anything but an unknown outcome."""
     ledger = Ledger(tmp_path / "ledger")
@@ -443,7 +444,7 @@ def test_crash_during_the_takeover_still_waits_for_an_operator(edb, tmp_path, cl
 # -- the dispatch proof --------------------------------------------------------------------------
 
 
-def test_undispatched_side_effect_is_rerun_automatically(edb, tmp_path, clock, crash):
+def test_undispatched_side_effect_is_rerun_automatically(database, tmp_path, clock, crash):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("und", [ToolCall("send", {"to": "bob"}), FinalAnswer("done")], ledger)
     with registry.override(agent):
@@ -466,7 +467,7 @@ def test_undispatched_side_effect_is_rerun_automatically(edb, tmp_path, clock, c
 
 
 def test_undispatched_side_effect_is_rerun_automatically_and_the_stalled_worker_is_fenced(
-        edb, tmp_path, clock):
+        database, tmp_path, clock):
     """The first worker stalls inside ``send`` before ctx.dispatch(); it wakes after the
     takeover re-ran the call, and its dispatch is refused: the call goes out exactly once."""
     ledger, gate = Ledger(tmp_path / "ledger"), Gate(once=True)
@@ -494,7 +495,7 @@ def test_undispatched_side_effect_is_rerun_automatically_and_the_stalled_worker_
     assert verify(run.pk).ok
 
 
-def test_dispatched_side_effect_waits_for_an_operator(edb, tmp_path, clock, crash):
+def test_dispatched_side_effect_waits_for_an_operator(database, tmp_path, clock, crash):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("dsp", [ToolCall("send", {"to": "bob"}), FinalAnswer("done")], ledger)
     with registry.override(agent):
@@ -519,7 +520,7 @@ def test_dispatched_side_effect_waits_for_an_operator(edb, tmp_path, clock, cras
 
 
 def test_dispatched_side_effect_waits_for_an_operator_and_the_late_result_is_not_recorded(
-        edb, tmp_path, clock):
+        database, tmp_path, clock):
     ledger, gate = Ledger(tmp_path / "ledger"), Gate()
     agent = make_agent("late", [ToolCall("send", {"to": "bob"}), FinalAnswer("done")], ledger,
                        {"send": gate})  # held after the call went out, before its result
@@ -544,7 +545,7 @@ def test_dispatched_side_effect_waits_for_an_operator_and_the_late_result_is_not
     assert verify(run.pk).ok
 
 
-def test_undispatched_attempt_after_an_approval_is_rerun_automatically(edb, tmp_path, clock,
+def test_undispatched_attempt_after_an_approval_is_rerun_automatically(database, tmp_path, clock,
                                                                        crash):
     """Attempt 1 dispatched (a person approved attempt 2); attempt 2 died before its dispatch:
     the proof covers attempt 2 alone, so attempt 3 runs without a second approval."""
@@ -570,7 +571,7 @@ def test_undispatched_attempt_after_an_approval_is_rerun_automatically(edb, tmp_
     assert verify(run.pk).ok
 
 
-def test_dispatch_proof_needs_the_attempt_that_ran_to_have_promised_dispatch(edb, tmp_path,
+def test_dispatch_proof_needs_the_attempt_that_ran_to_have_promised_dispatch(database, tmp_path,
                                                                               clock, crash):
     ledger = Ledger(tmp_path / "ledger")
     script = [ToolCall("charge", {"amount": 5}), FinalAnswer("done")]
@@ -602,7 +603,7 @@ def test_dispatch_proof_needs_the_attempt_that_ran_to_have_promised_dispatch(edb
 # -- idempotency keys ----------------------------------------------------------------------------
 
 
-def test_idempotency_key_is_stable_across_attempts(edb, tmp_path, clock, crash):
+def test_idempotency_key_is_stable_across_attempts(database, tmp_path, clock, crash):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("idem", [ToolCall("charge", {"amount": 1}),
                                 ToolCall("charge", {"amount": 2}), FinalAnswer("done")], ledger)

@@ -422,7 +422,7 @@ SCENARIOS = {f.__name__[3:]: f for f in [
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_legitimately_produced_runs_replay_without_a_difference(edb, tmp_path, clock, crash,
+def test_legitimately_produced_runs_replay_without_a_difference(database, tmp_path, clock, crash,
                                                                 scenario):
     ids = SCENARIOS[scenario](tmp_path, clock, crash)
     assert ids
@@ -433,7 +433,7 @@ def test_legitimately_produced_runs_replay_without_a_difference(edb, tmp_path, c
 RUNS = 48
 
 
-def test_a_randomised_in_process_soak_replays_clean_at_every_stage(edb, tmp_path,
+def test_a_randomised_in_process_soak_replays_clean_at_every_stage(database, tmp_path,
                                                                    monkeypatch):
     """The kit's agents, crashed at random points and steps, taken over, decided on at random
     by the operator, checked after every round (mid-flight, waiting and finished runs)."""
@@ -480,18 +480,18 @@ def test_a_randomised_in_process_soak_replays_clean_at_every_stage(edb, tmp_path
 
 
 @pytest.mark.slow
-def test_a_real_process_chaos_soak_replays_clean(edb, tmp_path):
+def test_a_real_process_chaos_soak_replays_clean(database, tmp_path):
     """``manage.py chaos``: workers SIGKILLed at random moments and armed crash points, a
     random operator; every run it leaves replays to exactly its rows."""
     soak = tmp_path / "soak"
-    on_pg = ("--database-url", edb.url) if edb.is_postgres else ()
+    on_pg = ("--database-url", database.url) if database.is_postgres else ()
     done = subprocess.run(
         [sys.executable, "manage.py", "chaos", "--workers", "3", "--runs", "40", "--seconds",
          "40", "--seed", "7", "--dir", str(soak), *on_pg],
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     saved = current_config()
-    if edb.is_sqlite:  # the soak made its own file
+    if database.is_sqlite:  # the soak made its own file
         use_database({**saved, "NAME": str(soak / "chaos.sqlite3")})
     try:
         assert everything_clean() == 40
@@ -504,7 +504,7 @@ def test_a_real_process_chaos_soak_replays_clean(edb, tmp_path):
 
 
 @pytest.fixture
-def approved(edb, tmp_path, clock):
+def approved(database, tmp_path, clock):
     """A finished run whose charge needed a policy approval, approved by alice and consumed:
     (run, approval)."""
     ledger = Ledger(tmp_path / "l")
@@ -602,13 +602,13 @@ def test_a_row_edited_behind_the_runtimes_back_is_reported(approved, tamper):
     assert all(p.startswith(f"run {run.pk}") and "\n" not in p for p in problems)
 
 
-def test_a_missing_run_and_a_run_without_events_are_reported(edb, tmp_path, clock):
+def test_a_missing_run_and_a_run_without_events_are_reported(database, tmp_path, clock):
     assert replay_problems(987654) == ["run 987654: no run row"]
     state = replay_events([])
     assert state.events == 0 and not state.run.created
 
 
-def test_replay_knows_every_event_kind_and_reports_one_it_does_not(edb, tmp_path, clock):
+def test_replay_knows_every_event_kind_and_reports_one_it_does_not(database, tmp_path, clock):
     assert REPLAYED_KINDS == EVENT_KINDS  # a new kind needs its meaning taught to replay
     state = replay_events([("run.created", None, {"agent": "a", "input": 1}, clock.now()),
                            ("approval.teleported", 1, {"approval_id": 3}, clock.now())])
@@ -616,7 +616,7 @@ def test_replay_knows_every_event_kind_and_reports_one_it_does_not(edb, tmp_path
                                 "not know: the rows cannot be vouched for"]
 
 
-def test_json_values_compare_by_canonical_json(edb, tmp_path, clock, approved):
+def test_json_values_compare_by_canonical_json(database, tmp_path, clock, approved):
     """Key order and 1 against 1.0 are not differences; a changed value is."""
     run, approval = approved
     Run.objects.filter(pk=run.pk).update(output={"total": 9.0, "ratio": 1.5})
@@ -626,7 +626,7 @@ def test_json_values_compare_by_canonical_json(edb, tmp_path, clock, approved):
     assert len(replay_problems(run.pk)) == 1
 
 
-def test_replay_reads_a_run_in_a_fixed_number_of_queries(edb, tmp_path, clock):
+def test_replay_reads_a_run_in_a_fixed_number_of_queries(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "l")
     counts = []
     for n in (1, 25):

@@ -59,7 +59,7 @@ from runtime.schedules.verify import schedules_problems
 from runtime.selectors.approvals import pending
 from tests import agents as process_agents
 from tests.kit import Ledger, crash_then_take_over, events, events_of, kinds_after, make_tools
-from tests.procs import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -99,7 +99,7 @@ def _created(run: Run) -> dict:
 # -- firing: one occurrence, one run -------------------------------------------------------------
 
 
-def test_missed_interval_occurrences_are_fired_once(edb, tmp_path, clock):
+def test_missed_interval_occurrences_are_fired_once(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     t0 = clock.now()
     with registry.override(_gated("miss", ledger)):
@@ -137,7 +137,7 @@ def test_missed_interval_occurrences_are_fired_once(edb, tmp_path, clock):
     assert ledger.count() == 0  # created, not run
 
 
-def test_missed_cron_occurrences_are_fired_once(edb, tmp_path):
+def test_missed_cron_occurrences_are_fired_once(database, tmp_path):
     ledger = Ledger(tmp_path / "ledger")
     clock = ManualClock(utc(2026, 1, 1, 0, 0))
     with registry.override(_gated("cmiss", ledger)):
@@ -166,7 +166,7 @@ def test_more_missed_than_are_counted_still_fires_the_latest_due_occurrence(now)
     assert nxt == utc(2026, 1, 15, 12, 1)
 
 
-def test_a_disabled_schedule_fires_nothing_and_enabling_skips_what_it_missed(edb, tmp_path,
+def test_a_disabled_schedule_fires_nothing_and_enabling_skips_what_it_missed(database, tmp_path,
                                                                            clock):
     ledger = Ledger(tmp_path / "ledger")
     t0 = clock.now()
@@ -184,7 +184,7 @@ def test_a_disabled_schedule_fires_nothing_and_enabling_skips_what_it_missed(edb
         assert schedules_fire_due(later + timedelta(days=1)) == []
 
 
-def test_an_occurrence_of_an_unregistered_agent_is_recorded_missed_not_fired(edb, tmp_path,
+def test_an_occurrence_of_an_unregistered_agent_is_recorded_missed_not_fired(database, tmp_path,
                                                                             clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("gone", ledger)):
@@ -202,7 +202,7 @@ def test_an_occurrence_of_an_unregistered_agent_is_recorded_missed_not_fired(edb
 
 
 @pytest.mark.slow
-def test_three_workers_racing_fire_each_occurrence_exactly_once(edb, tmp_path, spawn):
+def test_three_workers_racing_fire_each_occurrence_exactly_once(database, tmp_path, spawn):
     """Three real ``runworker`` processes fire a one-second schedule (due already when they
     start, four slots missed): every slot up to the schedule's next fire time is either one
     run or counted skipped on the next run, no slot makes two runs, and each run's side effect
@@ -319,7 +319,8 @@ def test_cron_daily_fires_once_in_the_repeated_autumn_hour():
     ("30 2 * * *", utc(2026, 10, 24, 12), utc(2026, 10, 26, 12),
      [utc(2026, 10, 25, 0, 30), utc(2026, 10, 26, 1, 30)]),
 ], ids=["spring-daily", "autumn-hourly", "autumn-daily"])
-def test_cron_across_dst_fired_by_schedules_fire_due(edb, tmp_path, cron, start, end, expected):
+def test_cron_across_dst_fired_by_schedules_fire_due(
+        database, tmp_path, cron, start, end, expected):
     """The same, through the firing: a worker waking every ten minutes across the change."""
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("dst", ledger)):
@@ -338,7 +339,7 @@ def test_cron_across_dst_fired_by_schedules_fire_due(edb, tmp_path, cron, start,
 
 
 def test_an_authorized_scheduled_run_starts_its_side_effect_with_the_pass_on_record(
-        edb, tmp_path, clock):
+        database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     t0 = clock.now()
     with registry.override(_gated("pay", ledger)):
@@ -372,7 +373,7 @@ def test_an_authorized_scheduled_run_starts_its_side_effect_with_the_pass_on_rec
 @pytest.mark.parametrize("point,went_out", [(CrashPoint.AFTER_TOOL_STARTED, 0),
                                             (CrashPoint.AFTER_TOOL_EFFECT, 1)])
 def test_an_interrupted_side_effect_in_an_authorized_run_still_asks_a_person(
-        edb, tmp_path, clock, crash, point, went_out):
+        database, tmp_path, clock, crash, point, went_out):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("ipay", ledger)):
         s = schedule_create("nightly", "ipay", {}, by="alice", now=clock.now(),
@@ -396,7 +397,7 @@ def test_an_interrupted_side_effect_in_an_authorized_run_still_asks_a_person(
     assert verify(run.pk).ok
 
 
-def test_a_dispatch_proven_undelivered_call_in_a_scheduled_run_is_rerun(edb, tmp_path, clock,
+def test_a_dispatch_proven_undelivered_call_in_a_scheduled_run_is_rerun(database, tmp_path, clock,
                                                                         crash):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("spay", ledger, tool="send")):
@@ -419,7 +420,7 @@ def test_a_dispatch_proven_undelivered_call_in_a_scheduled_run_is_rerun(edb, tmp
     assert verify(run.pk).ok
 
 
-def test_a_dispatched_call_in_a_scheduled_run_asks_a_person(edb, tmp_path, clock, crash):
+def test_a_dispatched_call_in_a_scheduled_run_asks_a_person(database, tmp_path, clock, crash):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("dpay", ledger, tool="send")):
         s = schedule_create("mailer", "dpay", {}, by="alice", now=clock.now(),
@@ -456,7 +457,7 @@ def _passes(run: Run, clock, ledger: Ledger) -> None:
     assert verify(run.pk).ok
 
 
-def test_no_pass_for_a_run_fired_before_the_authorization(edb, tmp_path, clock):
+def test_no_pass_for_a_run_fired_before_the_authorization(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("early", ledger)):
         s = schedule_create("nightly", "early", {}, by="alice", now=clock.now(),
@@ -477,7 +478,7 @@ def test_no_pass_for_a_run_fired_before_the_authorization(edb, tmp_path, clock):
 
 @pytest.mark.parametrize("late,passes", [(0, True), (3599, True), (3600, True),
                                          (3600.001, False), (7200, False)])
-def test_no_pass_for_a_run_older_than_one_period_at_its_step(edb, tmp_path, clock, late,
+def test_no_pass_for_a_run_older_than_one_period_at_its_step(database, tmp_path, clock, late,
                                                              passes):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("late", ledger)):
@@ -493,7 +494,7 @@ def test_no_pass_for_a_run_older_than_one_period_at_its_step(edb, tmp_path, cloc
     assert ledger.count("charge") == (1 if passes else 0)
 
 
-def test_no_pass_for_a_run_left_over_from_an_earlier_firing(edb, tmp_path, clock):
+def test_no_pass_for_a_run_left_over_from_an_earlier_firing(database, tmp_path, clock):
     """Occurrence 1's run is not picked up until after occurrence 2 fired: it is a leftover,
     occurrence 2's run is not."""
     ledger = Ledger(tmp_path / "ledger")
@@ -511,7 +512,7 @@ def test_no_pass_for_a_run_left_over_from_an_earlier_firing(edb, tmp_path, clock
     assert [c["run"] for c in ledger.calls("charge")] == [second.pk]
 
 
-def test_no_pass_after_the_authorization_is_turned_off(edb, tmp_path, clock):
+def test_no_pass_after_the_authorization_is_turned_off(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("off", ledger)):
         s = schedule_create("nightly", "off", {}, by="alice", now=clock.now(),
@@ -527,7 +528,7 @@ def test_no_pass_after_the_authorization_is_turned_off(edb, tmp_path, clock):
     assert ledger.count("charge") == 0
 
 
-def test_no_pass_for_an_earlier_run_after_the_authorization_is_turned_off_and_on(edb, tmp_path,
+def test_no_pass_for_an_earlier_run_after_the_authorization_is_turned_off_and_on(database, tmp_path,
                                                                                clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("onoff", ledger)):
@@ -548,7 +549,7 @@ def test_no_pass_for_an_earlier_run_after_the_authorization_is_turned_off_and_on
     assert [c["run"] for c in ledger.calls("charge")] == [new.pk]
 
 
-def test_no_pass_after_the_schedule_runs_another_agent_than_the_one_authorized(edb, tmp_path,
+def test_no_pass_after_the_schedule_runs_another_agent_than_the_one_authorized(database, tmp_path,
                                                                               clock):
     """Carol authorized the side effects of agent ``payroll`` ("the side effects agent payroll's
     policy would ask a person about", as ``manage.py schedule authorize`` says, and the
@@ -575,7 +576,7 @@ def _chain(schedule_id: int) -> list[ScheduleEvent]:
     return list(ScheduleEvent.objects.filter(schedule_id=schedule_id).order_by("seq"))
 
 
-def test_every_schedule_change_is_an_event_with_who_and_old_and_new_values(edb, tmp_path,
+def test_every_schedule_change_is_an_event_with_who_and_old_and_new_values(database, tmp_path,
                                                                           clock):
     ledger = Ledger(tmp_path / "ledger")
     iso = lambda at: at.isoformat(timespec="microseconds")  # noqa: E731
@@ -649,7 +650,7 @@ def test_every_schedule_change_is_an_event_with_who_and_old_and_new_values(edb, 
     assert out.getvalue().startswith("ok:")
 
 
-def test_refused_schedule_changes_write_nothing(edb, tmp_path, clock):
+def test_refused_schedule_changes_write_nothing(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("ref", ledger)):
         s = schedule_create("kept", "ref", {}, by="alice", now=clock.now(), interval_seconds=60)
@@ -690,7 +691,7 @@ def test_refused_schedule_changes_write_nothing(edb, tmp_path, clock):
         60, "", "ref", False)
 
 
-def test_schedule_events_are_append_only(edb, tmp_path, clock):
+def test_schedule_events_are_append_only(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("ao", ledger)):
         s = schedule_create("ao", "ao", {}, by="alice", now=clock.now(), interval_seconds=60)
@@ -715,7 +716,8 @@ def _broken() -> str:
     ("agent", "'wire'", "agent is 'wire' in the row; its events give 'tamp'"),
     ("interval_seconds", "1", "interval_seconds is 1 in the row; its events give 60"),
 ])
-def test_verifyaudit_reports_a_tampered_schedule_row(edb, tmp_path, clock, column, value, says):
+def test_verifyaudit_reports_a_tampered_schedule_row(
+        database, tmp_path, clock, column, value, says):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("tamp", ledger)):
         s = schedule_create("tampered", "tamp", {}, by="alice", now=clock.now(),
@@ -744,7 +746,7 @@ def _drop_scheduleevent_triggers() -> list[str]:
 
 
 def test_verifyaudit_reports_a_dropped_scheduleevent_trigger_and_what_it_let_through(
-        edb, tmp_path, clock):
+        database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
     with registry.override(_gated("trg", ledger)):
         s = schedule_create("guarded", "trg", {}, by="alice", now=clock.now(),
@@ -784,7 +786,7 @@ def _refused(*args: str) -> str:
     return str(err.value)
 
 
-def test_schedule_command_add_list_enable_disable_authorize_remove(edb):
+def test_schedule_command_add_list_enable_disable_authorize_remove(database):
     assert schedule_cmd("list").strip() == "no schedules"
     out = schedule_cmd("add", "greet", "hello", "--every", "3600", "--input",
                        '{"name": "Ada"}', "--by", "alice")
@@ -852,13 +854,13 @@ def test_schedule_command_add_list_enable_disable_authorize_remove(edb):
     (("enable", "nothing"), "no schedule named 'nothing'"),
     (("authorize", "nothing", "--confirm"), "no schedule named 'nothing'"),
 ])
-def test_schedule_command_refuses_bad_input_writing_nothing(edb, args, says):
+def test_schedule_command_refuses_bad_input_writing_nothing(database, args, says):
     message = _refused(*args)
     assert says in message, message
     assert not Schedule.objects.exists() and not ScheduleEvent.objects.exists()
 
 
-def test_an_interval_of_zero_is_refused_as_a_bad_interval(edb):
+def test_an_interval_of_zero_is_refused_as_a_bad_interval(database):
     """``--every 0`` is an interval, and a bad one: the error names the interval, not "give
     either a cron expression or an interval, not both and not neither"."""
     with pytest.raises(InvalidSchedule) as err:
@@ -869,7 +871,7 @@ def test_an_interval_of_zero_is_refused_as_a_bad_interval(edb):
     assert not Schedule.objects.exists() and not ScheduleEvent.objects.exists()
 
 
-def test_schedule_command_refuses_a_duplicate_name(edb):
+def test_schedule_command_refuses_a_duplicate_name(database):
     schedule_cmd("add", "once", "hello", "--every", "60", "--by", "alice")
     assert "a schedule named 'once' exists" in _refused("add", "once", "hello", "--every", "5")
     assert Schedule.objects.get().interval_seconds == 60
@@ -877,8 +879,8 @@ def test_schedule_command_refuses_a_duplicate_name(edb):
 
 
 @pytest.mark.slow
-def test_schedule_command_as_a_process_exits_non_zero_on_bad_input(edb, tmp_path):
-    env = {**os.environ, "DATABASE_URL": edb.url, "RUNTIME_TEST_DIR": str(tmp_path)}
+def test_schedule_command_as_a_process_exits_non_zero_on_bad_input(database, tmp_path):
+    env = {**os.environ, "DATABASE_URL": database.url, "RUNTIME_TEST_DIR": str(tmp_path)}
 
     def manage(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "manage.py", "schedule", *args], cwd=ROOT,

@@ -16,7 +16,7 @@ from runtime.models import Approval, Event, Run, Step, Worker
 
 
 @pytest.mark.engines
-def test_a_worker_is_live_while_its_heartbeat_is_younger_than_its_own_lease(edb):
+def test_a_worker_is_live_while_its_heartbeat_is_younger_than_its_own_lease(database):
     """The rule is SQL (duration arithmetic differs between SQLite and PostgreSQL): each
     worker judged against its own lease, at one fixed moment."""
     now = timezone.now()
@@ -32,7 +32,7 @@ def test_a_worker_is_live_while_its_heartbeat_is_younger_than_its_own_lease(edb)
 
 
 @pytest.mark.engines
-def test_a_lease_is_live_by_the_databases_clock(edb):
+def test_a_lease_is_live_by_the_databases_clock(database):
     run = start("hello", {"name": "n"})
     assert not selectors.run_lease_live(selectors.run_for_page(run.pk))  # nobody holds it
     Run.objects.filter(pk=run.pk).update(status="running", lease_owner="w",
@@ -43,7 +43,7 @@ def test_a_lease_is_live_by_the_databases_clock(edb):
     assert selectors.run_for_page(run.pk + 1000) is None
 
 
-def test_decisions_follow_the_kind_the_status_and_four_eyes(rdb, settings):
+def test_decisions_follow_the_kind_the_status_and_four_eyes(sqlite_path, settings):
     run = start("hello", {"name": "n"}, created_by="olga")
     step = Step.objects.create(run=run, index=1, status="interrupted", tool="send",
                                effect="side_effect", idempotency_key="k", attempt=1,
@@ -66,7 +66,7 @@ def test_decisions_follow_the_kind_the_status_and_four_eyes(rdb, settings):
     assert selectors.approval_decisions(approval, "pat") == []
 
 
-def test_tails_of_a_long_run_are_bounded_and_say_how_to_reach_the_rest(rdb):
+def test_tails_of_a_long_run_are_bounded_and_say_how_to_reach_the_rest(sqlite_path):
     run = start("hello", {"name": "n"})
     now = timezone.now()
     Step.objects.bulk_create(Step(run=run, index=i, status="succeeded", tool="t",

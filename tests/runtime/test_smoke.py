@@ -4,7 +4,7 @@ from runtime.audit.chain import verify
 from tests.kit import Ledger, events_of, make_agent
 
 
-def test_a_run_executes_to_the_end(rdb, tmp_path):
+def test_a_run_executes_to_the_end(sqlite_path, tmp_path):
     ledger = Ledger(tmp_path / "ledger")
     agent = make_agent("a", [ToolCall("read", {"key": "x"}), ToolCall("charge", {"amount": 5}),
                              FinalAnswer("done")], ledger)

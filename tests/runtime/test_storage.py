@@ -30,7 +30,7 @@ def _pragmas() -> dict:
         }
 
 
-def test_every_kind_of_connection_is_wal_and_synchronous_full(rdb):
+def test_every_kind_of_connection_is_wal_and_synchronous_full(sqlite_path):
     # The request thread: a real request through the console's URL conf.
     client = Client()
     client.force_login(User.objects.create_user("ops", is_staff=True))  # staff see the PRAGMAs
@@ -66,7 +66,7 @@ def test_every_kind_of_connection_is_wal_and_synchronous_full(rdb):
     assert len({main["connection"], seen["connection"], beat["p"]["connection"]}) == 3
 
 
-def test_write_transactions_begin_immediate(rdb):
+def test_write_transactions_begin_immediate(sqlite_path):
     connection.ensure_connection()
     statements: list[str] = []
     connection.connection.set_trace_callback(statements.append)
@@ -84,7 +84,7 @@ def _agent(tmp_path):
                       Ledger(tmp_path / "ledger"))
 
 
-def test_a_failure_between_state_update_and_event_insert_stores_neither(rdb, tmp_path,
+def test_a_failure_between_state_update_and_event_insert_stores_neither(sqlite_path, tmp_path,
                                                                         monkeypatch):
     with registry.override(_agent(tmp_path)):
         run = start("s", {})
@@ -106,7 +106,7 @@ def test_a_failure_between_state_update_and_event_insert_stores_neither(rdb, tmp
     assert Event.objects.filter(run_id=run.pk).count() == 1  # only run.created
 
 
-def test_a_crash_inside_a_state_transaction_stores_nothing_of_it(rdb, tmp_path, crash):
+def test_a_crash_inside_a_state_transaction_stores_nothing_of_it(sqlite_path, tmp_path, crash):
     with registry.override(_agent(tmp_path)):
         run = start("s", {})
         resume(run.pk, lease_seconds=5, name="first")  # runs to the end
@@ -121,7 +121,7 @@ def test_a_crash_inside_a_state_transaction_stores_nothing_of_it(rdb, tmp_path, 
     assert Run.objects.get(pk=run2.pk).event_seq == 3
 
 
-def test_chained_rows_hash_exactly_as_the_reference_function(rdb):
+def test_chained_rows_hash_exactly_as_the_reference_function(sqlite_path):
     """build_events writes each hash's body by hand (one serialisation of the payload); it must
     equal event_hash, which verify() uses, for any actor, kind, payload and step."""
     from datetime import UTC, datetime

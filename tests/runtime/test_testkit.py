@@ -45,13 +45,13 @@ pytestmark = pytest.mark.engines
 
 
 @pytest.fixture
-def kit(edb, tmp_path) -> ProcessKit:
-    return ProcessKit(edb, tmp_path, agents=AGENTS, manage=ROOT / "manage.py", lease_seconds=2,
+def kit(database, tmp_path) -> ProcessKit:
+    return ProcessKit(database, tmp_path, agents=AGENTS, manage=ROOT / "manage.py", lease_seconds=2,
                       env={"RUNTIME_TEST_DIR": str(tmp_path)})
 
 
 @pytest.fixture
-def mem(edb, tmp_path, monkeypatch):
+def mem(database, tmp_path, monkeypatch):
     monkeypatch.setenv("RUNTIME_TEST_DIR", str(tmp_path))
     with registry.override(*kit_agents.AGENTS):
         yield InProcessKit(Ledger(tmp_path / "ledger.jsonl"))

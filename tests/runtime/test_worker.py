@@ -20,7 +20,7 @@ from runtime.selectors.approvals import pending
 from runtime.storage.postgres.network import DEFAULT_POOL_SIZE
 from tests import agents
 from tests.kit import Ledger, events_of
-from tests.procs import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -44,7 +44,7 @@ def _status(run_id: int) -> str:
     return Run.objects.get(pk=run_id).status
 
 
-def test_burst_drains_the_queue_and_exits_zero(edb, tmp_path, spawn):
+def test_burst_drains_the_queue_and_exits_zero(database, tmp_path, spawn):
     with _agents():
         runs = [start("steps5", {"i": i}) for i in range(6)]
     worker = spawn("--burst", "--concurrency", "3")
@@ -58,7 +58,7 @@ def test_burst_drains_the_queue_and_exits_zero(edb, tmp_path, spawn):
     assert f"run={runs[0].pk} #" not in out
 
 
-def test_verbosity_2_logs_every_recorded_event(edb, tmp_path, spawn):
+def test_verbosity_2_logs_every_recorded_event(database, tmp_path, spawn):
     with _agents():
         run = start("steps5", {})
     worker = spawn("--burst", "-v", "2")
@@ -67,7 +67,7 @@ def test_verbosity_2_logs_every_recorded_event(edb, tmp_path, spawn):
     assert f"run={run.pk} #" in out and "step.tool_finished step=1 actor=worker@" in out
 
 
-def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(edb, tmp_path, spawn):
+def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(database, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     worker = spawn("--grace-seconds", "60")
@@ -90,7 +90,7 @@ def test_sigterm_lets_the_call_in_flight_finish_then_releases_the_run(edb, tmp_p
     assert _ledger(tmp_path).count("slow_read") == 1  # finished once, never re-run
 
 
-def test_sigterm_past_the_grace_period_releases_an_interrupted_step(edb, tmp_path, spawn):
+def test_sigterm_past_the_grace_period_releases_an_interrupted_step(database, tmp_path, spawn):
     with _agents():
         run = start("slowpay", {})
     worker = spawn("--grace-seconds", "0.3")
@@ -106,7 +106,7 @@ def test_sigterm_past_the_grace_period_releases_an_interrupted_step(edb, tmp_pat
     assert _ledger(tmp_path).count("slow_charge") == 0
 
 
-def test_a_second_signal_exits_at_once_leaving_the_lease_to_expire(edb, tmp_path, spawn):
+def test_a_second_signal_exits_at_once_leaving_the_lease_to_expire(database, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     worker = spawn("--grace-seconds", "60")
@@ -119,7 +119,7 @@ def test_a_second_signal_exits_at_once_leaving_the_lease_to_expire(edb, tmp_path
     assert row.status == "running" and row.lease_owner.startswith("worker@")
 
 
-def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(edb, tmp_path, spawn):
+def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(database, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     first = spawn("--lease-seconds", "30")
@@ -142,7 +142,7 @@ def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(edb, tmp_pa
     assert WorkerRow.objects.filter(pid=first.pid).exists()
 
 
-def test_a_live_workers_run_is_never_taken(edb, tmp_path, spawn):
+def test_a_live_workers_run_is_never_taken(database, tmp_path, spawn):
     with _agents():
         run = start("slow", {})
     holder = spawn("--lease-seconds", "30")
@@ -158,7 +158,7 @@ def test_a_live_workers_run_is_never_taken(edb, tmp_path, spawn):
     assert holder.wait() == 0
 
 
-def test_a_survivor_takes_over_after_the_lease_expires(edb, tmp_path, spawn):
+def test_a_survivor_takes_over_after_the_lease_expires(database, tmp_path, spawn):
     """Without proof of death (the row says another boot), the survivor waits out the lease."""
     with _agents():
         run = start("slow", {})
@@ -176,7 +176,7 @@ def test_a_survivor_takes_over_after_the_lease_expires(edb, tmp_path, spawn):
     assert taken.payload["reason"] == "lease expired" and taken.at >= expires
 
 
-def test_a_failing_run_never_takes_the_worker_or_other_runs_down(edb, tmp_path, spawn):
+def test_a_failing_run_never_takes_the_worker_or_other_runs_down(database, tmp_path, spawn):
     with _agents():
         down, boom, fine = start("llmdown", {}), start("toolboom", {}), start("steps5", {})
     worker = spawn("--burst", "--concurrency", "3")
@@ -187,7 +187,7 @@ def test_a_failing_run_never_takes_the_worker_or_other_runs_down(edb, tmp_path, 
 
 
 @pytest.mark.slow
-def test_four_workers_share_one_database_without_locking_errors(edb, tmp_path, spawn):
+def test_four_workers_share_one_database_without_locking_errors(database, tmp_path, spawn):
     with _agents():
         runs = [start("steps5", {"i": i}) for i in range(300)]
     workers = [spawn("--burst", "--concurrency", "4", "--poll-interval", "0.05",
@@ -206,7 +206,7 @@ def test_four_workers_share_one_database_without_locking_errors(edb, tmp_path, s
     assert sum(handled) == 300
 
 
-def test_agents_option_claims_only_those_agents_runs(edb, tmp_path, spawn):
+def test_agents_option_claims_only_those_agents_runs(database, tmp_path, spawn):
     with _agents():
         mine = start("steps5", {})
         other = start("toolboom", {})
@@ -216,7 +216,7 @@ def test_agents_option_claims_only_those_agents_runs(edb, tmp_path, spawn):
     assert _status(other.pk) == "queued"
 
 
-def test_a_worker_given_a_cpu_runs_every_thread_on_it_and_says_so(edb, tmp_path, spawn):
+def test_a_worker_given_a_cpu_runs_every_thread_on_it_and_says_so(database, tmp_path, spawn):
     import os
     from pathlib import Path
 
@@ -246,7 +246,7 @@ def unfrozen():
     gc.unfreeze()
 
 
-def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb, unfrozen):
+def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(database, unfrozen):
     """A run's last commit and its successor's claim overlap: the successor is claimed while
     the slot's run is still committing its end, waits for that slot, and only then starts
     (one run at a time in a slot of its own)."""
@@ -280,7 +280,7 @@ def test_a_slot_s_next_run_is_claimed_while_its_run_commits_its_end(edb, unfroze
     assert worker.finished == 2
 
 
-def test_a_worker_keeps_what_start_up_built_out_of_the_collector_s_full_passes(edb, unfrozen):
+def test_a_worker_keeps_what_start_up_built_out_of_the_collector_s_full_passes(database, unfrozen):
     import gc
 
     from runtime.worker.process import WorkerProcess
@@ -314,7 +314,7 @@ def _entered_pids(tmp_path) -> list[str]:
     return [pid for p in tmp_path.glob("entered-slow_read-*") if (pid := p.read_text())]
 
 
-def test_one_worker_holds_256_runs_in_flight_at_once(edb, tmp_path, spawn):
+def test_one_worker_holds_256_runs_in_flight_at_once(database, tmp_path, spawn):
     """``--concurrency 256``: every run is in its tool at the same moment, in one process; on
     PostgreSQL the runs waiting outside the database hold no connection of the server's."""
     with _agents():
@@ -327,9 +327,9 @@ def test_one_worker_holds_256_runs_in_flight_at_once(edb, tmp_path, spawn):
         raise AssertionError(f"{exc}; the worker said: {worker.output()[-1500:]}") from None
     assert set(entered) == {str(worker.pid)}
     assert Run.objects.filter(status="running").count() == 256
-    if edb.is_postgres:
+    if database.is_postgres:
         # What the worker's pool lends at most, and its listener's own connection.
-        assert _connections_to(worker.pid, urlsplit(edb.url).port) <= DEFAULT_POOL_SIZE + 1
+        assert _connections_to(worker.pid, urlsplit(database.url).port) <= DEFAULT_POOL_SIZE + 1
     (tmp_path / "release-slow_read").write_text("")
     assert worker.wait(timeout=300) == 0, worker.output()[-2000:]
     assert Counter(Run.objects.filter(pk__in=[r.pk for r in runs])
