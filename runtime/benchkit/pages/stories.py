@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
 
-from runtime.canonical import request_digest
+from runtime.canonical import iso_time, request_digest
 from runtime.storage.events import EventSpec
 
 SEED = 14
@@ -162,7 +162,7 @@ class Story:
         self.commit(owner, ("lease.taken_over", {
             "owner": owner, "epoch": self.epoch, "lease_seconds": LEASE,
             "previous_owner": previous, "previous_epoch": self.epoch - 1,
-            "previous_expires_at": expired.isoformat(timespec="microseconds"),
+            "previous_expires_at": iso_time(expired),
             "reason": "lease expired"}, None),
             ("run.resumed", {"owner": owner, "after": "takeover"}, None),
             ("step.interrupted", {
