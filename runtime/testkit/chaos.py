@@ -20,11 +20,12 @@ from typing import Any
 from django.db import connection
 
 from runtime.agents.agent import registry
+from runtime.approvals.rules import approval_resolvable
 from runtime.crashpoints import OFF_STEP_POINTS, CrashPoint
 from runtime.errors import AgentRuntimeError
 from runtime.host.pids import die_with_parent
 from runtime.loop.control import start
-from runtime.models import TERMINAL_RUN_STATUSES, Approval, ApprovalKind, ApprovalStatus, Event, Run
+from runtime.models import TERMINAL_RUN_STATUSES, Approval, ApprovalStatus, Event, Run
 from runtime.storage.faults import DATABASE_FAULTS
 from runtime.testkit.agents import AGENTS as KIT_AGENTS
 from runtime.testkit.databases import Database, database_url
@@ -209,7 +210,7 @@ class Chaos:
 
     def _choose(self, approval: Approval) -> Decision:
         roll = self.rng.random()
-        if approval.kind == ApprovalKind.POLICY:
+        if not approval_resolvable(approval):  # a policy question: allowed or denied
             return APPROVE if roll < 0.7 else REJECT
         if roll < 0.5:
             return APPROVE

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from runtime.approvals.rules import approval_resolvable
 from runtime.audit.chain import verify
 from runtime.clock import SYSTEM_CLOCK
 from runtime.effects import Effect
 from runtime.errors import InvariantViolation
 from runtime.models import (
     Approval,
-    ApprovalKind,
     ApprovalStatus,
     Event,
     Run,
@@ -29,9 +29,6 @@ from runtime.models import (
 )
 from runtime.testkit.reached import Reached
 
-# An approval of these kinds authorizes one execution beyond the first; a policy approval
-# authorizes the first one.
-_RE_RUN_KINDS = (ApprovalKind.INTERRUPTED_SIDE_EFFECT, ApprovalKind.RECONCILE)
 _ENDS_AN_ATTEMPT = ("step.tool_finished", "step.tool_failed", "step.interrupted")
 
 
@@ -113,9 +110,11 @@ def check_invariants(
 def _side_effects_bounded(run: Run, steps: dict[int, Step], approvals: list[Approval],
                           executions: Mapping[tuple[int, int], int]) -> list[Violation]:
     """1. A side-effect step executes at most 1 + (re-run approvals consumed for it) times."""
+    # A consumed approval about an interrupted call authorized one execution beyond the first
+    # (a policy approval authorized the first one).
     consumed: Counter[int] = Counter(
         a.step.index for a in approvals
-        if a.status == ApprovalStatus.CONSUMED and a.kind in _RE_RUN_KINDS)
+        if a.status == ApprovalStatus.CONSUMED and approval_resolvable(a))
     found = []
     for index, step in steps.items():
         seen = executions.get((run.pk, index), 0)
