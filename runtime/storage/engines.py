@@ -1,4 +1,7 @@
-"""The committer for the default connection's engine."""
+"""Which engine writes: ``engine()`` gives the committer of the default connection's vendor
+(``storage.sqlite.committer`` or ``storage.postgres.committer``), and the few things every
+caller asks of it: the time a lease is judged by, and the wake-up after a run became
+ready."""
 
 from __future__ import annotations
 
