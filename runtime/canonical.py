@@ -21,7 +21,8 @@ from runtime.errors import InvalidPayload
 # recurses until the RecursionError below, a ValueError as before.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                             allow_nan=False, check_circular=False)
-_C_ENCODE = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+_C_MAKE_ENCODER = json.encoder.c_make_encoder  # type: ignore[attr-defined]  # typeshed lacks it
+_C_ENCODE = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
     None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", True, False, False)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connection
 from django.db.models.query import RawQuerySet
@@ -30,6 +30,17 @@ from runtime.storage.events import log_events
 from runtime.storage.plan import Fence, Plan, TakeLease, interrupt_step
 from runtime.storage.protocol import protocol_check
 from runtime.storage.sql import Statement, claim_candidates
+
+if TYPE_CHECKING:
+    from typing import TypeAlias, TypedDict
+
+    from django_stubs_ext import WithAnnotations
+
+    class _Expired(TypedDict):
+        expired: bool
+
+    # A run read for a claim, with whether its lease had expired by the database's time.
+    RunWithExpiry: TypeAlias = WithAnnotations[Run, _Expired]
 
 
 @dataclass
@@ -162,7 +173,7 @@ def run_claim_many(
 CANDIDATES = 3  # SQLite: runs tried per claim before the worker looks again
 
 
-def _why(run: Run, dead_owners: Sequence[str]) -> str:
+def _why(run: RunWithExpiry, dead_owners: Sequence[str]) -> str:
     """Why a running run may be taken (a queued one is simply claimed): its owner proved dead
     (expired or not), else its lease expired ("")."""
     if run.status == RunStatus.QUEUED:
@@ -204,7 +215,7 @@ def _looking(clock: Any, gone: bool, limit: int, agents: Sequence[str],
 
 def _candidates(clock: Any, gone: bool, limit: int, agents: Sequence[str],
                 dead_owners: Sequence[str], exclude: Sequence[int],
-                lock: bool = False) -> list[Run]:
+                lock: bool = False) -> list[RunWithExpiry]:
     """``_looking``'s runs, read with a plain cursor: a raw queryset works out its columns,
     their converters and its model's field order on every call, more than the query itself
     costs, and a worker claims once or more per finished run."""
@@ -227,20 +238,22 @@ def _run_converters() -> list[tuple[int, Any, list[Any]]]:
         found = []
         for i, f in enumerate(_RUN_FIELDS):
             col = f.get_col(Run._meta.db_table)
-            convs = connection.ops.get_db_converters(col) + f.get_db_converters(connection)
+            # Field.get_db_converters is Django's own; django-stubs do not declare it.
+            convs = (connection.ops.get_db_converters(col)
+                     + f.get_db_converters(connection))  # type: ignore[attr-defined]
             if convs:
                 found.append((i, col, convs))
         _converters[key] = found
     return found
 
 
-def _run_from_row(row: Sequence[Any]) -> Run:
+def _run_from_row(row: Sequence[Any]) -> RunWithExpiry:
     """A run from a row of RUN_SELECT's columns followed by ``expired``."""
     values = list(row[:len(_RUN_NAMES)])
     for i, col, convs in _run_converters():
         for convert in convs:
             values[i] = convert(values[i], col, connection)
-    run = Run.from_db(connection.alias, _RUN_NAMES, values)
+    run = cast("RunWithExpiry", Run.from_db(connection.alias, _RUN_NAMES, values))
     run.expired = bool(row[len(_RUN_NAMES)])
     return run
 
@@ -258,7 +271,7 @@ def _take(run: Run, owner: str, seconds: float, clock: Any, *, reason: str,
     return _claimed(run, plan, step, committed, seconds)
 
 
-def _take_many(runs: list[Run], owner: str, seconds: float, clock: Any,
+def _take_many(runs: list[RunWithExpiry], owner: str, seconds: float, clock: Any,
                dead_owners: Sequence[str]) -> list[Acquired | None]:
     """Claim or take over each of ``runs`` in one commit (SQLite); None where the run moved.
     A database fault raises (whether the commit landed is unknown: those leases expire)."""

@@ -93,7 +93,9 @@ class WorkerStorage(Protocol):
     """A worker process's engine-specific services: started before its first claim, stopped
     after its last run (``stop`` returns what the stop line adds about them)."""
 
-    watch: ReadyWatch
+    @property
+    def watch(self) -> ReadyWatch:
+        """Read-only here, so each engine may keep its own kind of watch."""
 
     def start(self) -> None: ...
 

@@ -11,6 +11,7 @@ under it; elsewhere the first verdict of the process stands.
 from __future__ import annotations
 
 import threading
+from typing import TypedDict
 
 from django.db import DatabaseError
 
@@ -19,8 +20,14 @@ from runtime.models import Protocol
 
 PROTOCOL_VERSION = 5
 
+
+class _Verdict(TypedDict):
+    checked: bool
+    error: ProtocolMismatch | None
+
+
 _lock = threading.Lock()
-_verdict: dict[str, object] = {"checked": False, "error": None}
+_verdict: _Verdict = {"checked": False, "error": None}
 
 
 def database_protocol() -> int | None:

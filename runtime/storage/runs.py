@@ -4,7 +4,7 @@ transaction."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import (
     transaction,
@@ -16,6 +16,18 @@ from runtime.models import Run, RunStatus
 from runtime.storage.creations import run_creation_append_in_tx
 from runtime.storage.engines import notify_ready
 from runtime.storage.events import EventSpec, build_events, insert_events, log_events
+
+if TYPE_CHECKING:
+    from typing import TypeAlias, TypedDict
+
+    from django_stubs_ext import WithAnnotations
+
+    from runtime.storage.events import EventRow
+
+    class _Created(TypedDict):
+        created_rows: list[EventRow]  # its first events, for ``run_create`` to log
+
+    CreatedRun: TypeAlias = WithAnnotations[Run, _Created]
 
 
 def run_create(
@@ -30,7 +42,7 @@ def run_create(
 
 
 def run_create_in_tx(agent: str, input: Any, *, created_by: str = "", now: datetime,
-                     actor: str = "", origin: dict[str, Any] | None = None) -> Run:
+                     actor: str = "", origin: dict[str, Any] | None = None) -> CreatedRun:
     """``run_create`` inside the caller's transaction. ``origin`` names the schedule
     occurrence that creates the run (schedule, occurrence_at, skipped, authorized_at): kept on
     the run and in its ``run.created`` event."""
@@ -49,8 +61,9 @@ def run_create_in_tx(agent: str, input: Any, *, created_by: str = "", now: datet
             "authorized_by": schedule.authorized_by if origin["authorized_at"] else ""}
     # JSON null is a valid input: stored as JSON, not as SQL NULL (which the column refuses).
     stored = Value(None, JSONField()) if data is None else data
-    run = Run.objects.create(agent=agent, input=stored, status=RunStatus.QUEUED,
-                             created_by=created_by, created_at=now, updated_at=now, **extra)
+    run = cast("CreatedRun", Run.objects.create(
+        agent=agent, input=stored, status=RunStatus.QUEUED, created_by=created_by,
+        created_at=now, updated_at=now, **extra))
     run.input = data
     spec = EventSpec("run.created", payload)
     rows, seq, head = build_events(run.pk, 0, "", [spec], actor or created_by or "system", now)

@@ -54,12 +54,12 @@ def postgres_network_options(options: Mapping[str, Any] | None = None,
                        ("keepalives_count", 3), ("tcp_user_timeout", seconds * 1000)):
         merged.setdefault(key, value)
     server = merged.get("options", "")
-    for name, value in (("idle_in_transaction_session_timeout", f"{seconds * 1000}"),
-                        ("tcp_keepalives_idle", f"{idle}"),
-                        ("tcp_keepalives_interval", f"{interval}"),
-                        ("tcp_keepalives_count", "3")):
+    for name, text in (("idle_in_transaction_session_timeout", f"{seconds * 1000}"),
+                       ("tcp_keepalives_idle", f"{idle}"),
+                       ("tcp_keepalives_interval", f"{interval}"),
+                       ("tcp_keepalives_count", "3")):
         if name not in server:
-            server = f"{server} -c {name}={value}".strip()
+            server = f"{server} -c {name}={text}".strip()
     merged["options"] = server
     return merged
 

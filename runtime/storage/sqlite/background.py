@@ -4,6 +4,8 @@ its account of the single writer (``storage.base.WorkerStorage``)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from runtime.storage.faults import DATABASE_FAULTS
@@ -55,8 +57,9 @@ class SqliteWorkerStorage:
     def __init__(self) -> None:
         db = connections[DEFAULT_DB_ALIAS]
         self.queued = isinstance(db, QueuedSQLite)
-        self.checkpointer = (Checkpointer() if self.queued and not db.is_in_memory_db()
-                             else None)
+        self.checkpointer = (
+            Checkpointer() if self.queued and not cast(QueuedSQLite, db).is_in_memory_db()
+            else None)
         self.watch = DataVersionWatch()
 
     def start(self) -> None:

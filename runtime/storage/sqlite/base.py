@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.db import OperationalError, transaction
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
@@ -214,6 +214,7 @@ class DatabaseWrapper(SQLiteWrapper):
         waiter gets it, goes with the waiter's duplicate, the file's last descriptor.
         """
         fd = self._writer_fd
+        assert fd is not None, "_writer_lock opened it before waiting"
         request = _FlockRequest(os.dup(fd))
         _waiter(absolute(f"{self.settings_dict['NAME']}.writer")).put(request)
         if not request.got.wait(timeout):
@@ -228,10 +229,11 @@ class DatabaseWrapper(SQLiteWrapper):
         if self._writer_since is None:
             return
         held, self._writer_since = time.perf_counter() - self._writer_since, None
+        # _writer_lock set both before _writer_since, and only _close() clears the descriptor.
         try:
-            fcntl.flock(self._writer_fd, fcntl.LOCK_UN)
+            fcntl.flock(cast(int, self._writer_fd), fcntl.LOCK_UN)
         finally:
-            self._writer_local.release()
+            cast(threading.Lock, self._writer_local).release()
         with _stats_lock:
             _stats.transactions += 1
             _stats.held += held
@@ -288,29 +290,30 @@ class DatabaseWrapper(SQLiteWrapper):
         except BaseException:
             self.close()
 
+    # Django's private transaction hooks, which django-stubs do not declare (hence the ignores).
     def _start_transaction_under_autocommit(self) -> None:
         self._writer_lock()
         try:
-            super()._start_transaction_under_autocommit()
+            super()._start_transaction_under_autocommit()  # type: ignore[misc]  # not in the stubs
         except BaseException:
             self._writer_unlock()
             raise
 
     def _commit(self) -> None:
         try:
-            super()._commit()
+            super()._commit()  # type: ignore[misc]  # not in the stubs
         finally:
             self._writer_unlock()
 
     def _rollback(self) -> None:
         try:
-            super()._rollback()
+            super()._rollback()  # type: ignore[misc]  # not in the stubs
         finally:
             self._writer_unlock()
 
     def _close(self) -> None:
         try:
-            super()._close()
+            super()._close()  # type: ignore[misc]  # not in the stubs
         finally:
             self._writer_unlock()
             if self._writer_fd is not None:

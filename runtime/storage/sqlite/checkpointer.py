@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import cast
 
 from django.db import connection
 
 from runtime.storage.faults import DATABASE_FAULTS
+from runtime.storage.sqlite.base import DatabaseWrapper as QueuedSQLite
 from runtime.storage.sqlite.base import set_autocheckpoint
 
 log = logging.getLogger("runtime.checkpointer")
@@ -65,7 +67,8 @@ class Checkpointer:
         busy, wal, done = self._passive()
         self.stats.largest_wal = max(self.stats.largest_wal, wal)
         if wal >= RESTART_PAGES:
-            with connection.writer_queue_held():
+            # Started only on the runtime's backend (storage.sqlite.background).
+            with cast(QueuedSQLite, connection).writer_queue_held():
                 self._passive()
             self.stats.restarts += 1
         return busy, wal, done

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import DateTimeField, Value
@@ -124,7 +124,7 @@ def _events_insert(db: Any, n: int) -> str:
 @contextmanager
 def _group_transaction() -> Iterator[_GroupTx]:
     """A group's write transaction on this thread's connection."""
-    db = connections[DEFAULT_DB_ALIAS]
+    db = cast(QueuedSQLite, connections[DEFAULT_DB_ALIAS])  # only where groups() holds
     with db.write_transaction():
         yield _GroupTx(db)
 
@@ -167,7 +167,8 @@ class SqliteEngine:
             tickets, _group_transaction)
         return [t.error if t.error is not None else t.value for t in tickets]
 
-    def _apply_here(self, plan: Plan, clock: Any, prepared: tuple, tx: _GroupTx) -> Committed:
+    def _apply_here(self, plan: Plan, clock: Any, prepared: tuple | None,
+                    tx: _GroupTx) -> Committed:
         return self._apply(tx.db, plan, clock, prepared, tx)  # the leader's connection
 
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
