@@ -1,4 +1,4 @@
-"""The documented production environment (README "Running it in production"): `check
+"""The documented production environment (docs/operations/production.md): `check
 --deploy` finds nothing to warn about; behind a TLS proxy the console redirects to HTTPS, sends
 HSTS, accepts a form POST, and throttles logins by the address the proxy saw; the demo is
 mounted only where the demo runs or in development (issue 15, finding 9)."""
@@ -26,7 +26,7 @@ from tests.waiting import wait_until
 
 HOST = "console.example.com"
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"  # logging's asctime
-# The README's production environment, less DJANGO_SECRET_KEY (made per test run) and
+# The documented production environment, less DJANGO_SECRET_KEY (made per test run) and
 # DATABASE_URL (SQLite under RUNTIME_VAR_DIR here).
 PRODUCTION_ENV = {
     "DJANGO_ALLOWED_HOSTS": HOST,

@@ -1,6 +1,6 @@
 """The demo as a newcomer sees it, in a real browser: the queue filled by real worker crashes
 and the refund policy, an interrupted refund's page, and the outside world it links to. Its
-screenshots are the README's."""
+screenshots are the documentation's."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
 """The crash matrix (design §11): every crash point x tool kind x operator decision, each worker
 killed for real (SIGKILL) and every run resumed in a fresh process on a fresh open of the file.
 
-The whole matrix runs as one batch so the short leases are waited out once per phase, not once
-per case: phase 1 kills one process per run, phase 2 kills the taking-over process where a cell
-needs a double crash, then one worker drains everything, the operator decides, and a worker
-drains again. Every run is checked against its cell's expected outcome and all six invariants,
-before and after the decisions. The README's table is written from this run's observations.
+The whole matrix runs as one batch so the short leases are waited out once per phase, not once per
+case: phase 1 kills one process per run, phase 2 kills the taking-over process where a cell needs
+a double crash, then one worker drains everything, the operator decides, and a worker drains
+again. Every run is checked against its cell's expected outcome and all six invariants, before and
+after the decisions. The crash-safety table in docs/guides/testing.md is written from this run's
+observations.
 
-The matrix runs on both engines. Regenerate the README table: ``make crash-table`` (writes
+The matrix runs on both engines. Regenerate the table: ``make crash-table`` (writes
 test-output/crash-matrix.md from SQLite, test-output/crash-matrix-postgres.md from PostgreSQL).
 """
 
@@ -227,7 +228,7 @@ def test_crash_matrix(database, tmp_path):
 
 
 def table_path(engine: str) -> Path:
-    """Where this engine's table goes: the README's (SQLite) keeps its old name and
+    """Where this engine's table goes: the SQLite one keeps its old name and
     ``CRASH_TABLE``; PostgreSQL's has its own file (``CRASH_TABLE_POSTGRES``)."""
     if engine == "sqlite":
         return Path(os.environ.get("CRASH_TABLE", ROOT / "test-output" / "crash-matrix.md"))
@@ -236,7 +237,7 @@ def table_path(engine: str) -> Path:
 
 
 def write_table(cells: list[Cell], runs: int, before, after, out: Path) -> None:
-    """The README's crash-safety table, from what this run observed."""
+    """The crash-safety table, from what this run observed."""
     by = {(c.point, c.kind): c for c in cells}
     lines = ["| crash point | " + " | ".join(KINDS) + " |",
              "|---|" + "---|" * len(KINDS)]
