@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from django.contrib import admin
 from django.contrib.admin.utils import get_fields_from_path
@@ -104,6 +104,7 @@ class BoundedChangeList(ChangeList):
         index = param.rpartition("-")[2]
         if not ASCII_DIGITS.fullmatch(index) or int(index) >= len(self.list_display):
             return False
+        assert self.sortable_by is not None, "ModelAdmin.get_sortable_by gives a sequence"
         return self.list_display[int(index)] in self.sortable_by
 
     def get_results(self, request: HttpRequest) -> None:
@@ -159,7 +160,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     """View only: no add, change or delete, whoever asks. Every datetime column has a
     ``<name>_ms`` twin (to the millisecond, with the zone) for lists and change pages."""
 
-    paginator = BoundedCountPaginator
+    paginator: ClassVar[type[Paginator]] = BoundedCountPaginator  # a page may use Django's
+    fields: ClassVar[tuple[str, ...] | None]  # names only: they are the read-only fields too
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # "Show counts" would COUNT every filter choice
     list_per_page = 50
@@ -179,7 +181,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    # A flat list of names is a valid field list; the stubs' list[names or groups] is
+    # invariant, so it is refused as a return type.
+    def get_fields(  # type: ignore[override]
+        self, request: HttpRequest, obj: Any = None
+    ) -> list[str]:
         if self.fields:
             return list(self.fields)
         return [f"{f.name}_ms" if isinstance(f, models.DateTimeField) else f.name
@@ -238,7 +244,8 @@ def filter_parameters(model: type[models.Model], item: Any) -> set[str]:
     plain ``f``, the same equality; ``f__gte`` and ``f__lt`` for a date), and ``f__isnull``
     where the column may be NULL."""
     if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
-        return {item.parameter_name}
+        # Django refuses a SimpleListFilter without one when it is made.
+        return {cast(str, item.parameter_name)}
     path, kind = item if isinstance(item, list | tuple) else (item, None)
     field = get_fields_from_path(model, path)[-1]
     nullable = {f"{path}__isnull"} if field.null else set()

@@ -82,8 +82,9 @@ class EventActorFilter(admin.SimpleListFilter):
             choices["system"] = "system"
         for owner in live_workers(timezone.now()):
             choices.setdefault(owner, f"{owner} (live worker)")
-        if self.value():
-            choices.setdefault(self.value(), self.value())
+        value = self.value()
+        if value:
+            choices.setdefault(value, value)
         return sorted(choices.items())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
@@ -97,7 +98,8 @@ class AgentFilter(admin.SimpleListFilter):
     parameter_name = "agent"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = set(registry.all()) | ({self.value()} if self.value() else set())
+        value = self.value()
+        names = set(registry.all()) | ({value} if value else set())
         return [(n, n) for n in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:

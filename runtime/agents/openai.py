@@ -238,6 +238,7 @@ def _tool_call(raw: Any, status: int) -> ToolCall:
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
         raise _malformed(status, f"a tool call without a function name: {_short(raw)}")
+    assert isinstance(function, dict), "the name was read from it"
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:  # their limits are the step's to apply: a value past them fails the step

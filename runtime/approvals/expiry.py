@@ -29,6 +29,7 @@ def approvals_expire(now: datetime, *, limit: int = 100) -> list[int]:
     expired = []
     for approval in due:
         run, step = approval.run, approval.step
+        assert approval.expires_at is not None, "selected by expires_at <= now"
         plan = Plan(run_id=run.pk, at=now, actor="system", head=run.event_hash,
                     fence=Fence(seq=run.event_seq, status=(RunStatus.WAITING,)))
         plan.approval_move(approval.pk, ApprovalStatus.PENDING, expired_by=now,

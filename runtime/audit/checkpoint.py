@@ -73,9 +73,10 @@ def checkpoint_take(*, by: str, now: datetime, using: str = "default") -> dict[s
     for run_id, seq, head in runs.iterator(chunk_size=_CHUNK):
         heads.append([run_id, seq, head])
     at = now.astimezone(UTC)
+    digest = heads_digest(heads)
     fields = {"at": iso_time(at), "by": by,
               "creations_seq": creations[0], "creations_hash": creations[1],
-              "runs": len(heads), "heads_digest": heads_digest(heads)}
+              "runs": len(heads), "heads_digest": digest}
     try:
         with transaction.atomic(using=using):
             last = AuditCheckpoint.objects.using(using).order_by("-seq").values_list(
@@ -84,7 +85,7 @@ def checkpoint_take(*, by: str, now: datetime, using: str = "default") -> dict[s
             row_hash = _row_hash(prev, {"seq": seq, **fields})
             AuditCheckpoint.objects.using(using).create(
                 seq=seq, at=at, by=by, creations_seq=creations[0],
-                creations_hash=creations[1], runs=len(heads), heads_digest=fields["heads_digest"],
+                creations_hash=creations[1], runs=len(heads), heads_digest=digest,
                 prev_hash=prev, hash=row_hash)
     except IntegrityError:
         raise CheckpointRefused("", "another checkpoint was taken at the same moment; "

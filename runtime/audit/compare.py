@@ -98,19 +98,21 @@ def replay_compare(row: Run, events: Iterable[tuple[str, int | None, Any, dateti
     index_of = {s.pk: i for i, s in steps.items()}
     for index in sorted(steps.keys() | state.steps.keys()):
         here = f"{where} step {index}"
-        found, want = steps.get(index), state.steps.get(index)
-        if want is None:
-            out.append(f"{here}: a row ({found.status}, tool {found.tool!r}) that no event "
+        step, step_state = steps.get(index), state.steps.get(index)
+        if step_state is None:
+            assert step is not None, "the index is a row's or the events'"
+            out.append(f"{here}: a row ({step.status}, tool {step.tool!r}) that no event "
                        "describes")
-        elif found is None:
-            out.append(f"{here}: no row; the events give one ({want.status}, tool "
-                       f"{want.tool!r})")
+        elif step is None:
+            out.append(f"{here}: no row; the events give one ({step_state.status}, tool "
+                       f"{step_state.tool!r})")
         else:
-            out += _compare(here, found, want, STEP_FIELDS)
+            out += _compare(here, step, step_state, STEP_FIELDS)
     for pk in sorted(approvals.keys() | state.approvals.keys()):
         here = f"{where} approval {pk}"
         found, want = approvals.get(pk), state.approvals.get(pk)
         if want is None:
+            assert found is not None, "the id is a row's or the events'"
             out.append(f"{here}: a row ({found.kind}, {found.status}) that no event describes")
         elif found is None:
             out.append(f"{here}: no row; the events give one ({want.kind}, {want.status})")

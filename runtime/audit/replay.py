@@ -35,7 +35,7 @@ class RunState:
     failure_message: str = ""
     output: Any = None
     lease_owner: str = ""
-    lease_epoch: int = 0
+    lease_epoch: int | None = 0  # None: a lease.taken event that gave no epoch
     leased: bool = False  # whether lease_expires_at is set
     llm_requests: int = 0
     tokens_in: int = 0
@@ -60,7 +60,7 @@ class StepState:
     idempotency_key: str = ""
     result: Any = None
     error: str = ""
-    attempt: int = 0
+    attempt: int | None = 0  # None: a step.tool_started event that gave no attempt
     dispatches: bool = False
     dispatched_attempt: int | None = None
     started_at: datetime | None = None

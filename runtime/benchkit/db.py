@@ -68,7 +68,9 @@ def use_database(config: dict[str, Any]) -> None:
     connections.close_all()
     db = connections[DEFAULT_DB_ALIAS]
     if DEFAULT_DB_ALIAS in getattr(type(db), "_connection_pools", {}):
-        db.close_pool()  # Django keeps a pool per alias, not per database: it goes with it
+        # Django keeps a pool per alias, not per database: it goes with it. (PostgreSQL's
+        # close_pool, Django 5.1, is not in django-stubs.)
+        db.close_pool()  # type: ignore[attr-defined]
     with contextlib.suppress(AttributeError):  # no wrapper made on this thread yet
         del connections[DEFAULT_DB_ALIAS]
     conf = settings.DATABASES[DEFAULT_DB_ALIAS]

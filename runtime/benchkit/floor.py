@@ -47,6 +47,7 @@ def floor(template: Path, directory: Path, seconds: float) -> float:
             '"event_hash", "llm_requests", "tokens_in", "tokens_out", "cost", "created_by", '
             '"created_at", "updated_at") VALUES (\'floor\', \'{}\', \'running\', \'\', \'\', '
             '\'[]\', \'floor\', 1, 0, \'\', 0, 0, 0, 0, \'\', ?, ?)', (_AT, _AT)).lastrowid
+        assert run is not None, "an INSERT sets lastrowid"
         step = conn.execute(_STEP_INSERT, _step_row(run, 1)).lastrowid
         seq, n, start = 0, 0, time.perf_counter()
         while True:

@@ -165,7 +165,7 @@ def render_console(r: dict[str, Any]) -> str:
     m, b, db, s = r["machine"], r["built"], r["counted"], r["sizes"]
     statuses = ", ".join(f"{k} {v:,}" for k, v in sorted(b["runs_by_status"].items(),
                                                          key=lambda kv: -kv[1]))
-    kinds = Counter()
+    kinds: Counter[str] = Counter()
     for key, n in b["approvals_by_kind_status"].items():
         if key.endswith(" pending"):
             kinds[key.split()[0]] += n

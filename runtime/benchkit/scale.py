@@ -163,6 +163,12 @@ def _plan(qs: Any) -> str:
                       for line in qs.explain().splitlines())
 
 
+def _measured(make: Callable[[], Any], reps: int) -> dict[str, Any]:
+    """One query's timings (its rows read each time) and its plan, the page cache warmed."""
+    list(make())  # warm the page cache
+    return {**_timed(lambda: list(make()), reps), "plan": _plan(make())}
+
+
 def measure(path: Path, sizes: list[int], reps: int) -> Iterator[dict[str, Any]]:
     """For each size: fill, then time each query (fastest and median of ``reps``) and record
     its plan."""
@@ -175,9 +181,7 @@ def measure(path: Path, sizes: list[int], reps: int) -> Iterator[dict[str, Any]]
             fill = time.perf_counter() - start
             row: dict[str, Any] = {"finished_runs": size, "fill_seconds": fill, "queries": {}}
             for name, make in _queries().items():
-                list(make())  # warm the page cache
-                row["queries"][name] = {**_timed(lambda m=make: list(m()), reps),
-                                        "plan": _plan(make())}
+                row["queries"][name] = _measured(make, reps)
             yield row
     finally:
         filler.close()

@@ -156,9 +156,11 @@ def throughput(db: Path, log_dir: Path, *, processes: int, threads: int, runs: i
     rows = list(mine.filter(tool="bench_read").values_list("started_at", "finished_at"))
     counted = sum(1 for s, _ in rows if s >= since)
     done = Run.objects.filter(pk__gte=lo, pk__lte=hi, status="succeeded").count()
-    window = ((max(f for _, f in rows) - min(s for s, _ in rows)).total_seconds()
-              if rows else 0.0)
-    latencies = [(f - s).total_seconds() * 1000 for s, f in rows]
+    # A worker killed past the timeout (``overran``) may leave a step unfinished.
+    finished = [(s, f) for s, f in rows if f is not None]
+    window = ((max(f for _, f in finished) - min(s for s, _ in finished)).total_seconds()
+              if finished else 0.0)
+    latencies = [(f - s).total_seconds() * 1000 for s, f in finished]
     outputs = [w.output() for w in workers]
     transactions, held, waited = writer_use(outputs)
     return {

@@ -14,7 +14,7 @@ from runtime.canonical import check_payload, dumps
 from runtime.conf import setting
 from runtime.crashpoints import CrashPoint
 from runtime.errors import InvalidArguments, InvalidPayload, LeaseLost, LLMError, ToolNotRegistered
-from runtime.loop.execution import Execution
+from runtime.loop.execution import AGENT_LOADED, Execution
 from runtime.models import FailureCode, Step, StepStatus
 from runtime.storage.connections import connection_release
 from runtime.storage.plan import Add, Plan
@@ -29,6 +29,7 @@ def decide(ex: Execution, step: Step) -> Step | None:
         decision = _decision_from_json(ex.planned.pop(0))
         plan.run["planned"] = list(ex.planned)
         return apply_decision(ex, plan, step, decision)
+    assert ex.agent is not None, AGENT_LOADED
     attempt = 1
     while True:
         ex.check_lease()
@@ -89,6 +90,7 @@ def apply_decision(ex: Execution, plan: Plan, step: Step, decision: Decision) ->
         plan.crash_after(CrashPoint.AFTER_STEP_DECIDED, idx)
         ex.commit(plan)
         return None
+    assert ex.agent is not None, AGENT_LOADED
     tool = ex.agent.tools.get(decision.tool)
     error = ""
     try:
@@ -112,6 +114,7 @@ def apply_decision(ex: Execution, plan: Plan, step: Step, decision: Decision) ->
         plan.step_update(step, status=StepStatus.FAILED, error=error, finished_at=plan.at)
         ex.remember(step)
         return ex.begin_step(plan, idx + 1)
+    assert tool is not None, "an unregistered tool is an error"
     return ex.gate_and_start(plan, step, tool)
 
 def llm_failed(ex: Execution, step: Step, exc: Exception, attempt: int) -> bool:
@@ -130,12 +133,14 @@ def llm_failed(ex: Execution, step: Step, exc: Exception, attempt: int) -> bool:
     if isinstance(exc, LLMError) and exc.status is not None:
         payload["status"] = exc.status
     plan = ex.plan()
+    assert ex.agent is not None, AGENT_LOADED
     if not retryable or attempt > _llm_retries(ex.agent.llm):
         plan.event("llm.failed", payload, step.index)
         plan.step_update(step, status=StepStatus.FAILED, error=message, finished_at=plan.at)
         ex.fail(plan, FailureCode.ERROR, f"LLM request failed: {message}")
         ex.commit(plan)
         return False
+    assert isinstance(exc, LLMError), "only an LLMError is retryable"
     delay = _retry_delay(attempt, exc.retry_after)
     plan.event("llm.failed", {**payload, "retry_in": delay}, step.index)
     ex.commit(plan)
@@ -154,6 +159,7 @@ def wait_before_retry(ex: Execution, seconds: float) -> bool:
     Raises ``LeaseLost`` when the heartbeat finds the lease gone, so nothing is sent.
     """
     remaining = seconds
+    assert ex.sleep is not None, "the driver gives every execution its sleep"
     connection_release()
     while True:
         ex.check_lease()

@@ -22,7 +22,7 @@ from runtime.errors import InvalidPayload, LeaseLost, UnknownAgent
 from runtime.leasing.claims import Acquired, acquired_crash_points, run_acquire
 from runtime.leasing.heartbeat import LeaseKeeper, make_owner
 from runtime.loop.deciding import decide
-from runtime.loop.execution import Execution
+from runtime.loop.execution import AGENT_LOADED, Execution
 from runtime.loop.recovery import recover
 from runtime.models import FailureCode, Run, Step, StepStatus
 from runtime.storage.connections import connection_release
@@ -115,6 +115,7 @@ def run_loop(ex: Execution) -> None:
 
 def run_tool(ex: Execution, step: Step) -> Step | None:
     """Call the step's tool, record its outcome and begin the next step, in one commit."""
+    assert ex.agent is not None, AGENT_LOADED
     tool = ex.agent.tools[step.tool]
     kwargs = tool.validate(step.arguments)
     ctx = ToolContext(ex.run.pk, step.index, step.attempt, step.idempotency_key,

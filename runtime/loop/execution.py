@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from runtime import crashpoints
 from runtime.agents.agent import Agent
@@ -53,6 +53,10 @@ _STEP_PLACES = {f.attname: i for i, f in enumerate(_STEP_FIELDS)}
 _STEP_DEFAULTS = [f.get_default() for f in _STEP_FIELDS]
 # Shared between steps only while no default can be changed in place (else made per step).
 _DEFAULTS_FIXED = all(v is None or type(v) in (str, int, bool) for v in _STEP_DEFAULTS)
+
+# Why ``Execution.agent`` is set wherever a step is worked on: ``run_loop`` loads it first
+# (a run whose agent is unknown fails before any step).
+AGENT_LOADED = "run_loop loads the agent before any step"
 
 
 def new_step(**values: Any) -> Step:
@@ -114,6 +118,7 @@ class Execution:
 
     def llm_budget_error(self) -> str:
         """Why one more LLM request would exceed the budget; empty if it would not."""
+        assert self.agent is not None, AGENT_LOADED
         limit = self.agent.budget.max_llm_requests
         if self.llm_requests + 1 > limit:
             return f"LLM request {self.llm_requests + 1} would exceed the budget of {limit}"
@@ -121,6 +126,7 @@ class Execution:
 
     def usage_budget_error(self) -> str:
         """Why the tokens or cost used so far exceed the budget; empty if they do not."""
+        assert self.agent is not None, AGENT_LOADED
         budget = self.agent.budget
         if budget.max_tokens is not None and self.tokens > budget.max_tokens:
             return f"{self.tokens} tokens exceed the budget of {budget.max_tokens}"
@@ -143,6 +149,7 @@ class Execution:
         if self.should_stop():
             self.stop_here(plan)
             return None
+        assert self.agent is not None, AGENT_LOADED
         budget = self.agent.budget
         if index > budget.max_steps:
             self.fail(plan, FailureCode.BUDGET_EXCEEDED,
@@ -176,7 +183,10 @@ class Execution:
     def gate_and_start(self, plan: Plan, step: Step, tool: Tool,
                        approval: Approval | None = None) -> Step | None:
         """Evaluate policy, then start the tool, pause for approval, or fail the run."""
-        request = Request(tool.name, step.arguments, tool.effect, step.index)
+        assert self.agent is not None, AGENT_LOADED
+        # A decided step's arguments are the tool call's object (checked when decided).
+        request = Request(tool.name, cast("dict[str, Any]", step.arguments), tool.effect,
+                          step.index)
         try:
             verdict = self.agent.policy(request, self.run)
         except Exception as exc:

@@ -18,7 +18,7 @@ from runtime.agents.tools import Tool
 from runtime.canonical import check_payload, request_digest
 from runtime.effects import Effect
 from runtime.errors import InvalidArguments, InvalidPayload
-from runtime.loop.execution import Execution
+from runtime.loop.execution import AGENT_LOADED, Execution
 from runtime.models import (
     Approval,
     ApprovalKind,
@@ -29,6 +29,8 @@ from runtime.models import (
     StepStatus,
 )
 from runtime.storage.plan import Plan, interrupt_step
+
+TOOL_OR_PROBLEM = "_tool_for gives a tool or a problem"
 
 
 def recover(ex: Execution) -> Step | None:
@@ -84,6 +86,7 @@ def interrupted(ex: Execution, step: Step) -> Step | None:
     plan = ex.plan()
     if step.status == StepStatus.EXECUTING:  # released mid-call by a stopping worker
         interrupt_step(plan, step)
+    assert ex.agent is not None, AGENT_LOADED
     if ex.agent.reconcile is not None:
         outcome, held = _ask_reconcile(ex, plan, step)
         if outcome is not None:
@@ -91,6 +94,7 @@ def interrupted(ex: Execution, step: Step) -> Step | None:
     tool, problem = _tool_for(ex, step)
     if problem:
         return _conflict(ex, plan, step, problem)
+    assert tool is not None, TOOL_OR_PROBLEM
     if step.effect == Effect.READ_ONLY and tool.effect == Effect.READ_ONLY:
         return _run_again(ex, plan, step, tool)
     if step.dispatches and tool.dispatches and step.dispatched_attempt != step.attempt:
@@ -118,6 +122,7 @@ def consume(ex: Execution, step: Step, approval: Approval) -> Step | None:
     if problem:
         ex.cancel_approval(plan, approval, problem)
         return _conflict(ex, plan, step, problem)
+    assert tool is not None, TOOL_OR_PROBLEM
     return ex.gate_and_start(plan, step, tool, approval)
 
 
@@ -144,10 +149,13 @@ def _with_tool(ex: Execution, plan: Plan, step: Step,
     tool, problem = _tool_for(ex, step)
     if problem:
         return _conflict(ex, plan, step, problem)
+    assert tool is not None, TOOL_OR_PROBLEM
     return then(tool)
 
 
 def _tool_for(ex: Execution, step: Step) -> tuple[Tool | None, str]:
+    """The step's tool, or None and why it cannot run again (never both, never neither)."""
+    assert ex.agent is not None, AGENT_LOADED
     tool = ex.agent.tools.get(step.tool)
     if tool is None:
         return None, f"tool {step.tool!r} is no longer registered for agent {ex.agent.name!r}"
@@ -158,7 +166,9 @@ def _tool_for(ex: Execution, step: Step) -> tuple[Tool | None, str]:
     return tool, ""
 
 
-def _conflict(ex: Execution, plan: Plan, step: Step, reason: str) -> None:
+def _conflict(ex: Execution, plan: Plan, step: Step, reason: str) -> Step | None:
+    """End the run ``reconcile_conflict``: no step to work on (None, as every step function
+    here answers when the run stops)."""
     plan.event("reconcile.decided", {"outcome": "conflict", "by": "runtime", "reason": reason},
                step.index)
     ex.fail(plan, FailureCode.RECONCILE_CONFLICT, reason)
@@ -188,6 +198,7 @@ def call_may_still_land(step: Step, events: list[Event]) -> str:
 
 def _ask_reconcile(ex: Execution, plan: Plan, step: Step) -> tuple[Any, str]:
     """The agent's answer (None: it could not tell) and why the call may still land."""
+    assert ex.agent is not None and ex.agent.reconcile is not None, "asked only if it has one"
     events = list(Event.objects.filter(run_id=ex.run.pk).order_by("seq"))
     view = ReconcileView(
         run=ex.run, steps=list(ex.steps), events=events,
@@ -242,6 +253,7 @@ def _apply_outcome(ex: Execution, plan: Plan, step: Step, outcome: Any,
     tool, problem = _tool_for(ex, step)
     if problem:
         return _conflict(ex, plan, step, problem)
+    assert tool is not None, TOOL_OR_PROBLEM
     return _run_again(ex, plan, step, tool, authorized_by="reconcile")
 
 

@@ -49,7 +49,8 @@ def channels() -> list[Channel]:
             raise ImproperlyConfigured(f"{where}: unknown events {sorted(events - set(EVENTS))}")
         agents = raw.get("agents")
         out.append(Channel(str(raw.get("name") or f"{kind}-{n + 1}"), kind, target,
-                           None if agents in (None, "*") else frozenset(agents), events))
+                           None if agents is None or agents == "*" else frozenset(agents),
+                           events))
     return out
 
 

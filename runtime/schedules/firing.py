@@ -21,13 +21,14 @@ def schedules_fire_due(now: datetime, *, limit: int = 50,
     the ids of the runs this call created. An occurrence another worker fired first is simply
     not fired here."""
 
-    due = Schedule.objects.filter(enabled=True, next_fire_at__lte=now)
+    query = Schedule.objects.filter(enabled=True, next_fire_at__lte=now)
     if only is not None:
-        due = due.filter(pk__in=only)
-    due = list(due.order_by("next_fire_at")[:limit])
+        query = query.filter(pk__in=only)
+    due = list(query.order_by("next_fire_at")[:limit])
     created = []
     for schedule in due:
         when = schedule_timing(schedule)
+        assert schedule.next_fire_at is not None, "selected by next_fire_at <= now"
         occurrence, nxt, skipped = when.due(schedule.next_fire_at, now)
         try:
             get_agent(schedule.agent)

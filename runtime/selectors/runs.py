@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.clock import SYSTEM_CLOCK
 from runtime.models import (
@@ -15,6 +15,16 @@ from runtime.models import (
     Step,
 )
 from runtime.storage.engines import lease_expired
+
+if TYPE_CHECKING:
+    from typing import TypeAlias, TypedDict
+
+    from django_stubs_ext import WithAnnotations
+
+    class _LeaseGone(TypedDict):
+        lease_gone: bool
+
+    RunForPage: TypeAlias = WithAnnotations[Run, _LeaseGone]  # a run from ``run_for_page``
 
 
 def events_after(run_id: int, after_seq: int, limit: int) -> tuple[list[Event], bool]:
@@ -55,12 +65,12 @@ def events_tail(run: Run, *, limit: int = 50) -> Tail:
     return Tail(rows, run.event_seq, rows[0].seq if rows and rows[0].seq > 1 else None)
 
 
-def run_for_page(pk: int) -> Run | None:
+def run_for_page(pk: int) -> RunForPage | None:
     """One run, with whether its lease holds by the database's clock (the rule claims use)."""
     return Run.objects.annotate(lease_gone=lease_expired(SYSTEM_CLOCK)).filter(pk=pk).first()
 
 
-def run_lease_live(run: Run) -> bool:
+def run_lease_live(run: RunForPage) -> bool:
     """Whether someone holds the run's lease right now (a run from ``run_for_page``)."""
     return bool(run.lease_owner) and not run.lease_gone
 

@@ -5,8 +5,10 @@ has fired every minute for a year costs a page what a new one does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.db.models import OuterRef, Q, Subquery
 
@@ -14,6 +16,17 @@ from runtime.agents.agent import registry
 from runtime.clock import SYSTEM_CLOCK
 from runtime.effects import Effect
 from runtime.models import Run, Schedule, ScheduleEvent
+
+if TYPE_CHECKING:
+    from typing import TypeAlias, TypedDict
+
+    from django_stubs_ext import WithAnnotations
+
+    class _RunsFrom(TypedDict):
+        runs_from: datetime | None
+
+    # A schedule from ``schedule_list``, with where its latest runs begin.
+    ListedSchedule: TypeAlias = WithAnnotations[Schedule, _RunsFrom]
 
 RECENT_RUNS = 5  # the runs of each schedule the list shows
 RUN_FIELDS = ("id", "status", "failure_code", "schedule_id", "occurrence_at", "created_at")
@@ -55,7 +68,7 @@ def schedule_list(limit: int = 200, now: datetime | None = None
             for s in schedules], more
 
 
-def recent_runs(schedules: list[Schedule]) -> dict[int, list[Run]]:
+def recent_runs(schedules: Sequence[ListedSchedule]) -> dict[int, list[Run]]:
     """The latest runs of each schedule (annotated ``runs_from`` by ``schedule_list``), newest
     occurrence first, in one query."""
     if not schedules:
@@ -73,6 +86,7 @@ def recent_runs(schedules: list[Schedule]) -> dict[int, list[Run]]:
                   reverse=True)
     found: dict[int, list[Run]] = {s.pk: [] for s in schedules}
     for run in runs:
+        assert run.schedule_id is not None, "read by schedule_id"
         rows = found[run.schedule_id]
         if len(rows) < RECENT_RUNS:
             rows.append(run)

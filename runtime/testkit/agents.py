@@ -30,6 +30,7 @@ from runtime import (
     Wait,
     tool,
 )
+from runtime.agents.llm import ScriptItem
 from runtime.agents.policy import Allow, Request
 from runtime.testkit.ledger import Ledger
 
@@ -119,7 +120,7 @@ UNDER_TEST = {"read": ToolCall("lookup", {"order": 2}), "charge": ToolCall("char
 
 
 def _agent(name: str, call: ToolCall, reconcile: Any = None, policy: Any = None) -> Agent:
-    script = [ToolCall("lookup", {"order": 1}), call, FinalAnswer({"done": name})]
+    script: list[ScriptItem] = [ToolCall("lookup", {"order": 1}), call, FinalAnswer({"done": name})]
     return Agent(name, ScriptedLLM(script), TOOLS, reconcile=reconcile, policy=policy)
 
 

@@ -43,6 +43,7 @@ class Kit:
             schedule = schedule_create(f"kit-{os.getpid()}-{Kit._schedules}", agent, input,
                                        by=by, now=earlier, interval_seconds=3600)
             schedule_authorize(schedule.pk, True, by=by, now=earlier)
+            assert schedule.next_fire_at is not None, "schedule_create sets it"
             (run_id,) = schedules_fire_due(schedule.next_fire_at, only=[schedule.pk])
             return run_id
 

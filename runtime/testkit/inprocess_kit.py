@@ -59,19 +59,21 @@ class InProcessKit(Kit):
         """Prove a dead owner's live lease still holds, let it lapse, then resume as a new
         owner (a queued run is simply claimed)."""
         run = Run.objects.get(pk=run_id)
-        if run.status == RunStatus.RUNNING and run.lease_expires_at > self.clock.now():
-            try:
-                self._drive(run_id, make_owner("kit-early"))
-            except RunLeased:
-                pass
-            else:
-                raise AssertionError(f"run {run_id} was taken over before its lease expired")
-            self.expire()
+        if run.status == RunStatus.RUNNING:
+            assert run.lease_expires_at is not None, "a running run holds a lease"
+            if run.lease_expires_at > self.clock.now():
+                try:
+                    self._drive(run_id, make_owner("kit-early"))
+                except RunLeased:
+                    pass
+                else:
+                    raise AssertionError(f"run {run_id} was taken over before its lease expired")
+                self.expire()
         return self._drive(run_id, make_owner("kit-heir"))
 
     def drain(self) -> list[Run]:
         """Take over or claim every run that is not waiting or finished, until none is left."""
-        done = []
+        done: list[Run] = []
         while True:
             ids = list(Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
                        .order_by("pk").values_list("pk", flat=True))

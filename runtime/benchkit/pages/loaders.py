@@ -115,8 +115,9 @@ class PostgresLoader:
         self.conn.commit()
         self.conn.autocommit = True
         self.conn.execute("ANALYZE")
-        self.bytes = self.conn.execute("SELECT pg_database_size(current_database())") \
-            .fetchone()[0]
+        row = self.conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        assert row is not None, "a SELECT without FROM gives one row"
+        self.bytes = row[0]
         self.conn.close()
 
     def size_bytes(self) -> int:

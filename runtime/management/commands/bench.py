@@ -24,7 +24,7 @@ import sqlite3
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -38,6 +38,9 @@ from runtime.benchkit.pages import FULL, QUICK, PostgresLoader, Sizes, SqliteLoa
 from runtime.benchkit.pages import measure as measure_pages
 from runtime.benchkit.steps import durable_steps
 from runtime.effects import Effect
+
+if TYPE_CHECKING:
+    from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
 
 # (default, --quick) sizes: the default run stays under 3 minutes, --quick under 30 s.
 SIZES: dict[str, tuple[Any, Any]] = {
@@ -128,7 +131,7 @@ class Command(BaseCommand):
             with postgres.bench_databases(directory, keep=keep) as dbs:
                 use_database(dbs["postgres"])
                 r = measure_pages(PostgresLoader(dbs["url"]), size, quick, self.step)
-                r["machine"]["server"] = connections["default"].pg_version
+                r["machine"]["server"] = cast("PostgresWrapper", connections["default"]).pg_version
                 return r
         finally:
             if not keep:
@@ -143,7 +146,7 @@ class Command(BaseCommand):
         try:
             with postgres.bench_databases(directory, keep=keep) as dbs:
                 r = postgres.measure(dbs, directory / "logs", size, self.step)
-                r["server"] = connections["default"].pg_version
+                r["server"] = cast("PostgresWrapper", connections["default"]).pg_version
         finally:
             if not keep:
                 shutil.rmtree(directory, ignore_errors=True)

@@ -89,7 +89,7 @@ class Command(BaseCommand):
         url = opts["database_url"]
         target: dict[str, Any] | None = None
         if url is not None:
-            target = with_network_options(dj_database_url.parse(url, conn_max_age=0))
+            target = with_network_options(dict(dj_database_url.parse(url, conn_max_age=0)))
             if "postgres" not in target["ENGINE"]:
                 raise CommandError("--database-url takes a PostgreSQL URL; a SQLite soak makes "
                                    "its own fresh file")
@@ -160,7 +160,8 @@ class Command(BaseCommand):
             with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
                 admin.execute("CREATE DATABASE chaos")
             url = server.url("chaos")
-            _point_default_at(with_network_options(dj_database_url.parse(url, conn_max_age=0)))
+            _point_default_at(with_network_options(
+                dict(dj_database_url.parse(url, conn_max_age=0))))
             call_command("migrate", verbosity=0, interactive=False)
             self.stdout.write(f"partition soak: {config.runs} runs, {opts['hosts']} hosts x "
                               f"{config.concurrency} threads, faults {', '.join(faults)}, "

@@ -64,10 +64,14 @@ class Command(BaseCommand):
         for s in rows:
             when = f"{s.cron} ({s.timezone})" if s.cron else f"every {s.interval_seconds}s"
             state = "enabled" if s.enabled else "disabled"
-            nxt = s.next_fire_at.isoformat(timespec="seconds") if s.enabled else "-"
-            auth = (f"side effects authorized by {s.authorized_by} at "
-                    f"{s.authorized_at.isoformat(timespec='seconds')}"
-                    if s.authorize_side_effects else "asks a person")
+            nxt, auth = "-", "asks a person"
+            if s.enabled:
+                assert s.next_fire_at is not None, "every change of a schedule sets it"
+                nxt = s.next_fire_at.isoformat(timespec="seconds")
+            if s.authorize_side_effects:
+                assert s.authorized_at is not None, "set with the authorization"
+                auth = (f"side effects authorized by {s.authorized_by} at "
+                        f"{s.authorized_at.isoformat(timespec='seconds')}")
             self.stdout.write(f"{s.name}\t{s.agent}\t{when}\t{state}\tnext {nxt}\t{auth}")
         if not rows:
             self.stdout.write("no schedules")
@@ -82,6 +86,7 @@ class Command(BaseCommand):
         s = schedule_create(opts["name"], opts["agent"], data, by=by, now=now,
                             cron=opts["cron"] or "", interval_seconds=opts["every"],
                             timezone=opts["timezone"], enabled=not opts["disabled"])
+        assert s.next_fire_at is not None, "schedule_create sets it"
         self.stdout.write(f"schedule {s.name} (id {s.pk}): next run at "
                           f"{s.next_fire_at.isoformat(timespec='seconds')}, input {dumps(s.input)}")
 
