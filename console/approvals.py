@@ -20,7 +20,7 @@ from console import wording
 from console.forms import DECISION_FORMS, DecisionForm
 from console.permissions import DECIDE as DECIDE_PERMISSION
 from console.permissions import viewing
-from console.render import no_change, page, unchanged
+from console.render import HtmxHttpRequest, no_change, page, unchanged
 from console.runs import agent_note, known_agents
 from console.wording import kind_word
 from runtime import selectors
@@ -91,7 +91,7 @@ def pending_count(request: HttpRequest) -> HttpResponse:
 
 @viewing
 @require_http_methods(["GET", "POST"])
-def approval_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def approval_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The request, what is known about it, the run so far, and the decisions. An open page
     polls with the version it shows and is re-rendered whole when anything about it changed
     (someone else decided, the run moved on)."""
@@ -105,7 +105,7 @@ def approval_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return _render(request, approval)
 
 
-def _decide(request: HttpRequest, approval: Approval) -> HttpResponse:
+def _decide(request: HtmxHttpRequest, approval: Approval) -> HttpResponse:
     if not request.user.has_perm(DECIDE_PERMISSION):
         raise PermissionDenied("Deciding approvals needs the decide_approval permission.")
     try:

@@ -4,9 +4,10 @@ bad form changes nothing; the runtime validates again (it trusts no caller)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
+from django.db import models
 
 from runtime.approvals.rules import Decision
 from runtime.canonical import check_payload, parse_json
@@ -95,8 +96,10 @@ class CancelRunForm(forms.Form):
 
 # -- schedules ------------------------------------------------------------------------------------
 
-def _max_length(field: str) -> int:
-    return Schedule._meta.get_field(field).max_length
+def _max_length(name: str) -> int:
+    field = Schedule._meta.get_field(name)
+    assert isinstance(field, models.CharField) and field.max_length is not None, name
+    return field.max_length
 
 
 class ScheduleForm(forms.Form):
@@ -133,7 +136,7 @@ class ScheduleForm(forms.Form):
         choices = [(a, a) for a in agents]
         if current_agent and current_agent not in agents:
             choices.append((current_agent, f"{current_agent} (not configured here)"))
-        self.fields["agent"].choices = choices
+        cast(forms.ChoiceField, self.fields["agent"]).choices = choices
 
     def clean_input(self) -> Any:
         return json_field(self.cleaned_data["input"], "the input")

@@ -6,12 +6,15 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth import logout, middleware
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import resolve_url
+
+if TYPE_CHECKING:
+    from django_htmx.middleware import HtmxDetails
 
 # Where the session keeps the time of its person's last request (seconds since the epoch).
 LAST_SEEN = "console_last_seen"
@@ -26,7 +29,10 @@ class LoginRequiredMiddleware(middleware.LoginRequiredMiddleware):
     htmx follows ``HX-Redirect`` whatever the status, and a script posting as htmx can never
     take the answer for success (a 200 with a redirect header it might ignore)."""
 
-    def handle_no_permission(self, request: HttpRequest, view_func: Any) -> HttpResponse:
+    # Django answers with whatever this returns; the stubs narrow it to Django's own redirect.
+    def handle_no_permission(  # type: ignore[override]
+        self, request: HttpRequest, view_func: Any
+    ) -> HttpResponse:
         if getattr(request, "htmx", False):
             response = HttpResponse("Your session has ended: log in again.\n", status=401,
                                     content_type="text/plain; charset=utf-8")
@@ -38,9 +44,10 @@ class LoginRequiredMiddleware(middleware.LoginRequiredMiddleware):
 def is_background_poll(request: HttpRequest) -> bool:
     """A request the page made on its own: an htmx GET of an element that replaces itself
     (``hx-trigger="every 3s"``, the nav's count), as opposed to a filter, a link or a form."""
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and request.method in ("GET", "HEAD") and bool(htmx.trigger) \
-        and htmx.trigger == htmx.target
+    htmx: HtmxDetails | None = getattr(request, "htmx", None)
+    if not htmx:
+        return False
+    return request.method in ("GET", "HEAD") and bool(htmx.trigger) and htmx.trigger == htmx.target
 
 
 def start_idle_clock(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL, as the stubs see it
 
 TOKEN_PREFIX = "art_"  # so a leaked token is recognisable in logs and secret scanners
 
@@ -40,7 +44,7 @@ class ApiToken(models.Model):
         return f"{self.name} ({self.user}){' revoked' if self.revoked_at else ''}"
 
     @classmethod
-    def issue(cls, user: models.Model, name: str) -> tuple[ApiToken, str]:
+    def issue(cls, user: User, name: str) -> tuple[ApiToken, str]:
         """A new token for ``user``: the row, and the token itself (never stored)."""
         row = cls(user=user, name=name)
         token = row.set_new_token()

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_cache_control, patch_vary_headers
+
+if TYPE_CHECKING:
+    from django_htmx.middleware import HtmxDetails
+
+
+class HtmxHttpRequest(HttpRequest):
+    """A request that went through django-htmx's middleware (``settings.MIDDLEWARE``), for
+    views that read ``request.htmx`` (falsy unless htmx sent the request)."""
+
+    htmx: HtmxDetails
 
 
 def page(
@@ -22,9 +32,9 @@ def page(
     ``Vary: HX-Request`` keeps a browser or proxy cache from serving a fragment as a page;
     ``no-store`` keeps arguments and results out of caches once the operator has logged out.
     """
-    htmx = getattr(request, "htmx", None)
+    htmx: HtmxDetails | None = getattr(request, "htmx", None)
     # A history restore (Back after a pushed URL that htmx no longer has cached) needs the page.
-    fragment = bool(htmx) and not htmx.history_restore_request
+    fragment = bool(htmx and not htmx.history_restore_request)
     name = f"{template}#{partial}" if fragment else template
     response = render(request, name, context, status=status)
     patch_vary_headers(response, ("HX-Request",))

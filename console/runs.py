@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -21,6 +21,9 @@ from runtime.agents.agent import registry
 from runtime.errors import RunNotFound, RunNotResumable
 from runtime.loop import control as api
 from runtime.models import Run, RunStatus
+
+if TYPE_CHECKING:
+    from runtime.selectors.runs import RunForPage
 
 PAGE_SIZE = 50
 STEPS_SHOWN = 50  # a run's page shows its latest steps and events; the rest a click away
@@ -45,7 +48,7 @@ def agent_note(agent: str) -> str:
 
 def _int(value: str | None) -> int | None:
     try:
-        return int(value) if value not in (None, "") else None
+        return int(value) if value else None
     except ValueError:
         return None
 
@@ -145,13 +148,13 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
                 status=status)
 
 
-def _version(run: Run) -> str:
+def _version(run: RunForPage) -> str:
     """The run's own version, and whether its lease holds: a lease can lapse (a worker died)
     without the run changing, and the page must say so."""
     return f"{selectors.run_version(run)}.{int(selectors.run_lease_live(run))}"
 
 
-def _context(request: HttpRequest, run: Run, form: CancelRunForm, message: str,
+def _context(request: HttpRequest, run: RunForPage, form: CancelRunForm, message: str,
              steps_before: int | None) -> dict[str, Any]:
     live = selectors.run_is_live(run)
     query = request.GET.copy()

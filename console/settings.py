@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -112,8 +113,9 @@ def _database(environ: Mapping[str, str] = os.environ) -> dict:
     """The default database's entry from ``environ`` (the test suite reads it again for
     each database it makes, as a process started with that environment would)."""
     url = conf.value("DATABASE_URL", environ)
+    config: dict[str, Any]  # keys beyond dj_database_url's DBConfig are added below
     if url:
-        config = dj_database_url.parse(url, conn_max_age=0)
+        config = dict(dj_database_url.parse(url, conn_max_age=0))
     else:
         private_dir(VAR_DIR)  # 0700 whatever the umask (runtime.host.files)
         config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "runtime.sqlite3"}
@@ -238,7 +240,7 @@ AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_CLIENT_IP_CALLABLE = "console.middleware.client_ip"
-AXES_SENSITIVE_PARAMETERS = []  # log the username and address tried (never the password)
+AXES_SENSITIVE_PARAMETERS: list[str] = []  # log the username and address tried (never the password)
 
 # -- Logging: everything at WARNING and above to stderr, with a timestamp: errors, every 4xx
 # and 5xx answer (django.request), django.security.* (CSRF failures, bad hosts), failed logins

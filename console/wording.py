@@ -15,7 +15,8 @@ from runtime.approvals.rules import Decision
 from runtime.models import Approval, ApprovalKind, ApprovalStatus
 from runtime.selectors import approval_is_policy
 
-KIND_WORDS = {
+# Keyed by the choices, looked up by the stored strings (equal to them).
+KIND_WORDS: dict[str, str] = {
     ApprovalKind.POLICY: "policy check",
     ApprovalKind.INTERRUPTED_SIDE_EFFECT: "interrupted call",
     ApprovalKind.RECONCILE: "reconcile conflict",
@@ -46,7 +47,7 @@ RERUN_CHOICES = {
                      "End the run"),
 }
 
-_POLICY_STATUS = {
+_POLICY_STATUS: dict[str, str] = {
     ApprovalStatus.PENDING: "waiting for a decision",
     ApprovalStatus.APPROVED: "allowed, not started yet",
     ApprovalStatus.CONSUMED: "allowed, started",
@@ -54,7 +55,7 @@ _POLICY_STATUS = {
     ApprovalStatus.CANCELLED: "cancelled",
     ApprovalStatus.EXPIRED: "expired",
 }
-_RERUN_STATUS = {
+_RERUN_STATUS: dict[str, str] = {
     ApprovalStatus.PENDING: "waiting for a decision",
     ApprovalStatus.APPROVED: "approved to run once more, not started yet",
     ApprovalStatus.CONSUMED: "approved, run once more",

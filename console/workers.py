@@ -9,7 +9,7 @@ ten do.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db.models import Count, F, Q, QuerySet, Value
@@ -33,6 +33,15 @@ def recent_window() -> timedelta:
     short enough that restarts do not bury the live ones."""
     return timedelta(seconds=float(getattr(settings, "CONSOLE_RECENT_DEAD_WORKERS_SECONDS",
                                            RECENT_DEAD_DEFAULT_SECONDS)))
+
+
+class _Row(TypedDict):
+    """A worker as the list shows it."""
+
+    worker: Worker
+    live: bool
+    heartbeat_age: timedelta
+    runs_held: int
 
 
 def _runs_held(owners: list[str]) -> dict[str, int]:
@@ -74,8 +83,9 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     capped = len(shown) > SHOWN
     shown = shown[:SHOWN]
     held = _runs_held([w.owner for w in shown]) if shown else {}
-    rows = [{"worker": w, "live": bool(w.is_live), "heartbeat_age": now - w.heartbeat_at,
-             "runs_held": held.get(w.owner, 0)} for w in shown]
+    rows: list[_Row] = [{"worker": w, "live": bool(w.is_live),
+                         "heartbeat_age": now - w.heartbeat_at,
+                         "runs_held": held.get(w.owner, 0)} for w in shown]
     # Live ones by host and age (a stable list to read); dead ones as they died, newest first.
     live_rows = sorted((r for r in rows if r["live"]),
                        key=lambda r: (r["worker"].host, r["worker"].started_at))

@@ -44,7 +44,7 @@ def origins(keys: Iterable[str]) -> dict[str, Origin]:
     keys = {k for k in keys if k and KEY_RUN.match(k)}
     if not keys:
         return {}
-    run_ids = {int(KEY_RUN.match(k)[1]) for k in keys}
+    run_ids = {int(m[1]) for k in keys if (m := KEY_RUN.match(k))}
     steps = list(Step.objects.filter(run_id__in=run_ids, idempotency_key__in=keys)
                  .values_list("pk", "run_id", "index", "idempotency_key"))
     found = {key: Origin(run_id, index) for _pk, run_id, index, key in steps}

@@ -3,6 +3,8 @@ its error handlers (every error is ``{"code", "message", ...}`` JSON), and its U
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
@@ -15,6 +17,9 @@ from console.api.errors import ApiError
 from runtime.errors import (
     InvalidPayload,
 )
+
+if TYPE_CHECKING:
+    from ninja.main import ExcHandler
 
 api = NinjaAPI(
     title="agent-runtime",
@@ -59,10 +64,12 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     return _error(request, ApiError(code, str(exc)))
 
 
-api.add_exception_handler(ApiError, _error)
-api.add_exception_handler(AuthenticationError, _unauthorized)
-api.add_exception_handler(ValidationError, _invalid)
-api.add_exception_handler(HttpError, _http_error)
+# ninja types a handler's argument as the exception or its class; it passes the exception.
+api.add_exception_handler(ApiError, cast("ExcHandler[ApiError]", _error))
+api.add_exception_handler(AuthenticationError,
+                          cast("ExcHandler[AuthenticationError]", _unauthorized))
+api.add_exception_handler(ValidationError, cast("ExcHandler[ValidationError]", _invalid))
+api.add_exception_handler(HttpError, cast("ExcHandler[HttpError]", _http_error))
 api.add_exception_handler(Http404, lambda request, exc: _error(
     request, ApiError("not_found", "no such object")))
 api.add_exception_handler(RequestDataTooBig, lambda request, exc: _error(

@@ -5,9 +5,8 @@ the runtime's payload limits."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.parser import Parser
@@ -15,6 +14,9 @@ from ninja.security import HttpBearer
 
 from console.models import ApiToken, hash_token
 from runtime.canonical import parse_json
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL, as the stubs see it
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)  # last_used_at is written at most this often
 
@@ -24,7 +26,7 @@ class BearerToken(HttpBearer):
     active user, who is then ``request.auth``. Nothing else (cookie, query string, session)
     is looked at."""
 
-    def authenticate(self, request: HttpRequest, token: str) -> AbstractBaseUser | None:
+    def authenticate(self, request: HttpRequest, token: str) -> User | None:
         if not token or len(token) > 200:
             return None
         row = (ApiToken.objects.select_related("user")

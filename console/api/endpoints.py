@@ -5,9 +5,8 @@ through ``runtime.approvals`` and ``runtime.loop.control``; reads through
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Schema
 
@@ -42,6 +41,9 @@ from runtime.errors import (
 from runtime.loop.control import start
 from runtime.models import Approval, ApprovalStatus, Event, Run, Step
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL, as the stubs see it
+
 START = "runtime.add_run"  # Django's default "add" permission of the Run model
 MAX_LIMIT = 200
 
@@ -59,7 +61,7 @@ MAX_LIMIT = 200
 
 # -- helpers ---------------------------------------------------------------------------------
 
-def _user(request: HttpRequest, perm: str) -> AbstractBaseUser:
+def _user(request: HttpRequest, perm: str) -> User:
     user = request.auth  # type: ignore[attr-defined]
     if not user.has_perm(perm):
         raise ApiError("forbidden", f"this needs the permission {perm}")
@@ -173,6 +175,7 @@ def decide(request: HttpRequest, approval_id: int, payload: DecideIn,
         except InvalidDecision as exc:
             raise ApiError("invalid", exc.reason) from None
         fresh = selectors.approval_for_page(approval.pk)
+        assert fresh is not None, "approvals are never deleted"
         return 200, _json(_approval(fresh, by))
 
     return idempotent(request, user, {"approval": approval_id, **body}, answer)
@@ -197,7 +200,9 @@ def start_run(request: HttpRequest, payload: RunIn,
                  "type": "value_error"}]) from None
         except (InvalidPayload, InvalidArguments) as exc:
             raise ApiError("invalid", str(exc)) from None
-        return 201, _json(_run(selectors.run_for_page(run.pk)))
+        created = selectors.run_for_page(run.pk)
+        assert created is not None, "runs are never deleted"
+        return 201, _json(_run(created))
 
     return idempotent(request, user, body, answer)
 

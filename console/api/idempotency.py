@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
@@ -17,8 +16,11 @@ from console.api.errors import ApiError
 from console.models import IdempotentRequest
 from runtime.canonical import digest
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL, as the stubs see it
 
-def idempotent(request: HttpRequest, user: AbstractBaseUser, body: dict[str, Any],
+
+def idempotent(request: HttpRequest, user: User, body: dict[str, Any],
                 answer: Callable[[], tuple[int, dict[str, Any]]]) -> HttpResponse:
     """``answer()``, or, when the request carries an ``Idempotency-Key`` this person used
     before, the first answer to it (same status, same body) without acting again. The key is
@@ -66,7 +68,7 @@ def idempotent(request: HttpRequest, user: AbstractBaseUser, body: dict[str, Any
 ABANDONED_AFTER = timedelta(seconds=60)
 
 
-def _release_abandoned(user: AbstractBaseUser, key: str) -> None:
+def _release_abandoned(user: User, key: str) -> None:
     IdempotentRequest.objects.filter(user=user, key=key, status=0,
                                      created_at__lt=timezone.now() - ABANDONED_AFTER).delete()
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -66,7 +67,7 @@ class ApprovalOut(ApprovalSummary):
     decided_at: datetime | None
     note: str
     result: Any
-    decisions: list[str] = Field(description="What the caller may decide now.")
+    decisions: Sequence[str] = Field(description="What the caller may decide now.")
     steps: list[StepOut] = Field(description=f"The run's latest {STEPS_SHOWN} steps.")
     steps_total: int
 

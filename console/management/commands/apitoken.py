@@ -35,11 +35,12 @@ class Command(BaseCommand):
             self.stderr.write(f"token {row.pk} for {user} ({row.name}); it is shown only now:")
             self.stdout.write(token)
         elif action == "revoke":
-            row = ApiToken.objects.filter(pk=options["id"]).first()
-            if row is None:
+            found = ApiToken.objects.filter(pk=options["id"]).first()
+            if found is None:
                 raise CommandError(f"no token {options['id']}")
-            row.revoke()
-            self.stdout.write(f"token {row.pk} revoked at {row.revoked_at.isoformat()}")
+            found.revoke()
+            assert found.revoked_at is not None, "revoke() sets it (or it was set)"
+            self.stdout.write(f"token {found.pk} revoked at {found.revoked_at.isoformat()}")
         else:
             for row in ApiToken.objects.select_related("user").order_by("pk"):
                 self.stdout.write("\t".join([
