@@ -187,7 +187,7 @@ SESSION_COOKIE_AGE = CONSOLE_SESSION_IDLE_SECONDS  # the server forgets an idle 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"
 
-# -- HTTPS, behind a TLS-terminating proxy (README "Running it in production"). Each is off
+# -- HTTPS, behind a TLS-terminating proxy (docs/operations/production.md). Each is off
 # unless set, so a laptop on http://127.0.0.1:8000 works as before.
 SESSION_COOKIE_SECURE = ENV["DJANGO_SECURE_COOKIES"]
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE

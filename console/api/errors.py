@@ -9,7 +9,7 @@ from runtime.errors import (
     ApprovalConflict,
 )
 
-# Every error's code and its HTTP status (README "JSON API").
+# Every error's code and its HTTP status (docs/reference/json-api.md).
 ERROR_CODES = {
     "unauthorized": 401, "forbidden": 403, "not_found": 404, "already_decided": 409,
     "stale": 409, "retry": 409, "invalid": 422,

@@ -159,7 +159,6 @@ def wait_before_retry(ex: Execution, seconds: float) -> bool:
     Raises ``LeaseLost`` when the heartbeat finds the lease gone, so nothing is sent.
     """
     remaining = seconds
-    assert ex.sleep is not None, "the driver gives every execution its sleep"
     connection_release()
     while True:
         ex.check_lease()

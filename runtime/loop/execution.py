@@ -14,6 +14,7 @@ Whatever must be durable before an outside call is committed before it, never fo
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
@@ -79,7 +80,7 @@ class Execution:
 
     def __init__(self, lease: Lease, run: Run, agent: Agent | None, *, clock: Any,
                  should_stop: Callable[[], bool] | None = None, first_claim: bool = False,
-                 sleep: Callable[[float], Any] | None = None) -> None:
+                 sleep: Callable[[float], Any] = time.sleep) -> None:
         self.lease, self.run, self.agent, self.clock = lease, run, agent, clock
         self.should_stop = should_stop or (lambda: False)
         self.sleep = sleep

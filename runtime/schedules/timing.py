@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter  # type: ignore[import-untyped]  # croniter ships no types
+from croniter import croniter
 
 from runtime.errors import InvalidSchedule
 from runtime.models import Schedule
