@@ -66,9 +66,7 @@ def decide(ex: Execution, step: Step) -> Step | None:
     plan.run["planned"] = list(ex.planned)
     over = ex.usage_budget_error()
     if over:
-        plan.step_update(step, status=StepStatus.FAILED, error=over, finished_at=plan.at)
-        ex.fail(plan, FailureCode.BUDGET_EXCEEDED, over)
-        ex.commit(plan)
+        ex.fail_step(plan, step, FailureCode.BUDGET_EXCEEDED, over)
         return None
     return apply_decision(ex, plan, step, decisions[0])
 
@@ -80,9 +78,7 @@ def apply_decision(ex: Execution, plan: Plan, step: Step, decision: Decision) ->
         try:
             output = check_payload("final answer", decision.output)
         except InvalidPayload as exc:
-            plan.step_update(step, status=StepStatus.FAILED, error=str(exc), finished_at=plan.at)
-            ex.fail(plan, FailureCode.ERROR, str(exc))
-            ex.commit(plan)
+            ex.fail_step(plan, step, FailureCode.ERROR, str(exc))
             return None
         plan.event("step.decided", {"final": True, "output": output}, idx)
         plan.step_update(step, status=StepStatus.SUCCEEDED, result=output, finished_at=plan.at)
@@ -136,9 +132,8 @@ def llm_failed(ex: Execution, step: Step, exc: Exception, attempt: int) -> bool:
     assert ex.agent is not None, AGENT_LOADED
     if not retryable or attempt > _llm_retries(ex.agent.llm):
         plan.event("llm.failed", payload, step.index)
-        plan.step_update(step, status=StepStatus.FAILED, error=message, finished_at=plan.at)
-        ex.fail(plan, FailureCode.ERROR, f"LLM request failed: {message}")
-        ex.commit(plan)
+        ex.fail_step(plan, step, FailureCode.ERROR, f"LLM request failed: {message}",
+                     step_error=message)
         return False
     assert isinstance(exc, LLMError), "only an LLMError is retryable"
     delay = _retry_delay(attempt, exc.retry_after)

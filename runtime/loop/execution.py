@@ -195,19 +195,15 @@ class Execution:
             if approval is not None:
                 self.cancel_approval(plan, approval, message)
             plan.event("step.tool_failed", {"error": message, "started": False}, step.index)
-            plan.step_update(step, status=StepStatus.FAILED, error=message, finished_at=plan.at)
-            self.fail(plan, FailureCode.ERROR, message)
-            self.commit(plan)
+            self.fail_step(plan, step, FailureCode.ERROR, message)
             return None
         if isinstance(verdict, Deny):
             plan.event("policy.denied", {"reason": verdict.reason, "tool": tool.name},
                        step.index)
             if approval is not None:
                 self.cancel_approval(plan, approval, f"policy denied: {verdict.reason}")
-            plan.step_update(step, status=StepStatus.FAILED,
-                             error=f"policy denied: {verdict.reason}", finished_at=plan.at)
-            self.fail(plan, FailureCode.POLICY_DENIED, verdict.reason)
-            self.commit(plan)
+            self.fail_step(plan, step, FailureCode.POLICY_DENIED, verdict.reason,
+                           step_error=f"policy denied: {verdict.reason}")
             return None
         if isinstance(verdict, RequireApproval) and approval is None:
             standing = standing_authorization(self.run, plan.at)
@@ -304,6 +300,16 @@ class Execution:
         plan.event("run.succeeded", {"output": output})
         plan.run.update(output=output, planned=[])
         self.release(plan, RunStatus.SUCCEEDED)
+
+    def fail_step(self, plan: Plan, step: Step, code: str, message: str, *,
+                  step_error: str | None = None) -> None:
+        """End ``step`` failed (its error ``step_error``, else ``message``) and the run with it,
+        and commit."""
+        plan.step_update(step, status=StepStatus.FAILED,
+                         error=message if step_error is None else step_error,
+                         finished_at=plan.at)
+        self.fail(plan, code, message)
+        self.commit(plan)
 
     def fail(self, plan: Plan, code: str, message: str) -> None:
         plan.event("run.failed", {"code": str(code), "message": message})

@@ -71,9 +71,7 @@ def redecide(ex: Execution, step: Step) -> Step | None:
         return step
     over = ex.llm_budget_error()
     if over:
-        plan.step_update(step, status=StepStatus.FAILED, error=over, finished_at=plan.at)
-        ex.fail(plan, FailureCode.BUDGET_EXCEEDED, over)
-        ex.commit(plan)
+        ex.fail_step(plan, step, FailureCode.BUDGET_EXCEEDED, over)
         return None
     ex.request_llm(plan, step)
     ex.commit(plan)

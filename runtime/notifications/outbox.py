@@ -8,10 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from runtime.approvals.rules import DECIDED_STATUS
 from runtime.models import Approval, ApprovalStatus, Notification
 from runtime.notifications.channels import _body, channels
 
-DECIDED = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.RESOLVED)
+DECIDED = frozenset(DECIDED_STATUS.values())  # what a person's decision moves it to
 
 
 def outbox_enqueue_in_tx(approval_id: int, event: str, at: datetime) -> int:
