@@ -8,6 +8,7 @@ the state change and its audit event in one transaction. Nothing here writes on 
 
 from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus
 from runtime.models.audit import AuditCheckpoint, Event, RunCreation
+from runtime.models.backups import Backup, Restoration
 from runtime.models.notifications import Notification, NotificationAttempt, NotificationStatus
 from runtime.models.runs import (
     CANCELLABLE_RUN_STATUSES,
@@ -31,6 +32,7 @@ __all__ = [
     "ApprovalKind",
     "ApprovalStatus",
     "AuditCheckpoint",
+    "Backup",
     "Effect",
     "Event",
     "FailureCode",
@@ -38,6 +40,7 @@ __all__ = [
     "NotificationAttempt",
     "NotificationStatus",
     "Protocol",
+    "Restoration",
     "Run",
     "RunCreation",
     "RunStatus",

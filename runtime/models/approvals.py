@@ -11,6 +11,7 @@ class ApprovalKind(models.TextChoices):
     POLICY = "policy"
     INTERRUPTED_SIDE_EFFECT = "interrupted_side_effect"
     RECONCILE = "reconcile"
+    RESTORED = "restored"  # the database was restored: this call may have happened after it
 
 
 class ApprovalStatus(models.TextChoices):

@@ -77,6 +77,9 @@ class Run(models.Model):
                                  related_name="runs", db_index=False)
     occurrence_at = models.DateTimeField(null=True, blank=True)
     authorized_at = models.DateTimeField(null=True, blank=True)
+    # Set when the database was restored from a backup taken at this time while the run was
+    # unfinished: it may have done more after it, so each of its side effects waits for a person.
+    restored_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -21,6 +21,15 @@ class Worker(models.Model):
     heartbeat_at = models.DateTimeField()
     concurrency = models.IntegerField(default=1)
     runs_held = models.IntegerField(default=0)
+    # The agents this process has (it claims runs of these only): what the console checks to
+    # say that no live worker can run an agent's queued runs.
+    agents = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        indexes = [
+            # The Workers page and the live-worker counts read by the latest heartbeat.
+            models.Index(fields=["heartbeat_at"], name="worker_heartbeat_at"),
+        ]
 
     def __str__(self) -> str:
         return self.owner

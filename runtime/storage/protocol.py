@@ -18,7 +18,7 @@ from django.db import DatabaseError
 from runtime.errors import ProtocolMismatch
 from runtime.models import Protocol
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class _Verdict(TypedDict):
