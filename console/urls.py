@@ -4,7 +4,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-from console import api, approvals, runs, schedules, views, workers
+from console import api, approvals, metrics, runs, schedules, views, workers
 
 console_patterns = [
     path("", approvals.queue, name="queue"),
@@ -26,6 +26,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls()),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin's, error pages).
     path("favicon.ico", views.favicon),
     # The demo's outside world only where the demo runs (manage.py demo) or in development.

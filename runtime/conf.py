@@ -119,6 +119,15 @@ def _cpu(text: str) -> str | int:
 CPU = Kind("auto, off, or a CPU's number (0, 1, ...)", _cpu)
 
 
+def _token(text: str) -> str:
+    if text and (len(text) < 16 or any(c.isspace() for c in text)):
+        raise ValueError(text)
+    return text
+
+
+TOKEN = Kind("a token of 16 characters or more, without spaces", _token)
+
+
 def _proxy_header(text: str) -> tuple[str, str]:
     name, _, value = text.partition("=")
     if not name.strip() or not all(c.isalnum() or c in "-_" for c in name.strip()):
@@ -214,6 +223,9 @@ VARIABLES: tuple[Variable, ...] = (
              "found, made at least 077).", "runtime"),
     Variable("RUNTIME_VAR_DIR", TEXT, "", "Where the SQLite database, the secret key and the "
              "demo's files live (default: var/ beside manage.py).", "runtime"),
+    Variable("RUNTIME_METRICS_TOKEN", TOKEN, "", "The bearer token Prometheus sends to the "
+             "console's /metrics (Authorization: Bearer ...). Unset: /metrics answers 404.",
+             "runtime", key="METRICS_TOKEN", secret=True),
     # The database.
     Variable("DATABASE_URL", DATABASE_URL, "", "The database: postgres://user:password@host/"
              "name for several machines (default: SQLite under var/).", "database",

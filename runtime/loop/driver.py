@@ -24,6 +24,7 @@ from runtime.leasing.heartbeat import LeaseKeeper, make_owner
 from runtime.loop.deciding import decide
 from runtime.loop.execution import AGENT_LOADED, Execution
 from runtime.loop.recovery import recover
+from runtime.meters import STEP_SECONDS
 from runtime.models import FailureCode, Run, Step, StepStatus
 from runtime.storage.connections import connection_release
 
@@ -136,6 +137,7 @@ def run_tool(ex: Execution, step: Step) -> Step | None:
         except InvalidPayload as exc:
             result, error = None, str(exc)
     plan = ex.plan()
+    STEP_SECONDS.observe(max(0.0, (plan.at - step.started_at).total_seconds()))
     ex.record_outcome(plan, step, result, error)
     try:
         return ex.begin_step(plan, step.index + 1)

@@ -28,6 +28,7 @@ from runtime.leasing.claims import Acquired, acquired_crash_points, run_claim_ma
 from runtime.leasing.heartbeat import LeaseKeeper, make_owner
 from runtime.leasing.lease import Lease
 from runtime.loop.driver import Driver
+from runtime.meters import LEASE_LOST_STOPS, TAKEOVERS
 from runtime.models import Run, Worker
 from runtime.notifications.channels import channels
 from runtime.notifications.delivery import SEND_TIMEOUT, OutboxSender
@@ -342,6 +343,8 @@ class WorkerProcess:
                 self._pending.append(acquired)
         log.info("run=%s owner=%s %s", run_id, self.owner,
                  "taken over" if acquired.taken_over else "claimed")
+        if acquired.taken_over:
+            TAKEOVERS.inc()
         if slot is not None:
             slot.give(acquired)
 
@@ -352,6 +355,7 @@ class WorkerProcess:
             log.info("run=%s owner=%s left %s", run_id, self.owner, run.status)
         except LeaseLost as exc:
             log.warning("run=%s owner=%s stopped: %s", run_id, self.owner, exc.reason)
+            LEASE_LOST_STOPS.inc()
         except DATABASE_FAULTS as exc:
             # The database stayed away longer than a commit waits: the lease runs out and
             # whoever takes the run over applies the interruption contract to its step.

@@ -15,6 +15,7 @@ from runtime import conf, crashpoints
 from runtime.agents.agent import registry
 from runtime.errors import UnknownAgent
 from runtime.host.cpu import parse_cpu
+from runtime.metrics import serve_process_metrics
 from runtime.worker.process import WorkerProcess
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -42,6 +43,11 @@ class Command(BaseCommand):
                             help="confine the worker to one CPU: auto (one no other worker "
                             "of this host holds), a CPU number, or off (default; "
                             "RUNTIME_WORKER_CPU sets another)")
+        parser.add_argument("--metrics-port", type=int, default=None,
+                            help="serve this process's Prometheus metrics on this port (0: a "
+                            "free one, logged); off by default")
+        parser.add_argument("--metrics-addr", default="127.0.0.1",
+                            help="the address --metrics-port binds (default 127.0.0.1)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["concurrency"] < 1:
@@ -60,6 +66,12 @@ class Command(BaseCommand):
         logging.getLogger("runtime").setLevel(LEVELS.get(opts["verbosity"], logging.INFO))
         logging.getLogger("runtime.events").setLevel(
             EVENT_LEVELS.get(opts["verbosity"], logging.INFO))
+        if opts["metrics_port"] is not None:
+            try:
+                serve_process_metrics(opts["metrics_port"], opts["metrics_addr"])
+            except (OSError, OverflowError) as exc:
+                raise CommandError(f"--metrics-port {opts['metrics_port']} on "
+                                   f"{opts['metrics_addr']}: {exc}") from None
         crashpoints.arm_from_env()  # the crash test kit arms this process through its env
         worker = WorkerProcess(
             name=opts["name"], concurrency=opts["concurrency"],

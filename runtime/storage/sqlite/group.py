@@ -28,6 +28,7 @@ from django.db import InterfaceError, InternalError, OperationalError
 
 from runtime import crashpoints
 from runtime.crashpoints import CrashPoint
+from runtime.meters import GROUP_COMMIT_PLANS
 from runtime.storage.base import Refused
 from runtime.storage.plan import Plan
 
@@ -140,6 +141,7 @@ class GroupCommitter:
             return batch
 
         batch = write_group(take, transaction)
+        GROUP_COMMIT_PLANS.observe(len(batch))
         for t in batch:
             t.done = True
             if t is not ticket:
