@@ -1,4 +1,5 @@
-"""Runs: a keyset-paginated list and one run's page (live lease, steps, events, cancel)."""
+"""Runs: a keyset-paginated list and one run's page (live lease, steps, events, cancel); both say
+when a run waits for a worker and no live worker has its agent."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def run_list(request: HttpRequest) -> HttpResponse:
     agent = request.GET.get("agent", "").strip()[:200]
     q = request.GET.get("q", "").strip()[:40]
     search_error, code = "", 200
-    qs: QuerySet[Run] = Run.objects.only(*RUN_LIST_FIELDS)
+    # Each with whether its lease holds: a run waiting for a worker whose agent no live worker
+    # has gets a note beside its status.
+    qs: QuerySet[RunForPage] = selectors.with_lease_state(Run.objects.only(*RUN_LIST_FIELDS))
     if status not in ("", *RunStatus.values):
         # Never a silent "everything": the operator asked for something that does not exist.
         search_error = (f"There is no status {status[:40]!r}: choose one of "
@@ -96,8 +99,10 @@ def run_list(request: HttpRequest) -> HttpResponse:
     filters = request.GET.copy()
     for key in ("before", "after"):
         filters.pop(key, None)
+    now = timezone.now()
     context = {
         "runs": rows,
+        "no_worker": selectors.runs_without_worker(rows, now),
         "status": status,
         "agent": agent,
         "q": q,
@@ -109,7 +114,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "run_base": reverse("console:run", args=[0]).removesuffix("0/"),
         "older": rows[-1].pk if rows and has_older else None,
         "newer": rows[0].pk if rows and has_newer else None,
-        "now": timezone.now(),
+        "now": now,
     }
     return page(request, "console/runs.html", context, partial="run-list", status=code)
 
@@ -123,6 +128,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = selectors.run_for_page(pk)
     if run is None:
         raise Http404("No such run.")
+    no_worker = _no_worker(run)
     steps_before = _int(request.GET.get("steps_before"))
     form = CancelRunForm()
     message, status = "", 200
@@ -141,21 +147,30 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             else:
                 return redirect("console:run", pk=run.pk)
             run = selectors.run_for_page(pk) or run
-    elif unchanged(request, _version(run)):
+            no_worker = _no_worker(run)
+    elif unchanged(request, _version(run, no_worker)):
         return no_change()
     return page(request, "console/run.html",
-                _context(request, run, form, message, steps_before), partial="run-live",
-                status=status)
+                _context(request, run, no_worker, form, message, steps_before),
+                partial="run-live", status=status)
 
 
-def _version(run: RunForPage) -> str:
-    """The run's own version, and whether its lease holds: a lease can lapse (a worker died)
-    without the run changing, and the page must say so."""
-    return f"{selectors.run_version(run)}.{int(selectors.run_lease_live(run))}"
+def _no_worker(run: RunForPage) -> str:
+    """The run's agent if the run waits for a worker and no live worker has that agent, else
+    ""."""
+    return selectors.runs_without_worker([run], timezone.now()).get(run.pk, "")
 
 
-def _context(request: HttpRequest, run: RunForPage, form: CancelRunForm, message: str,
-             steps_before: int | None) -> dict[str, Any]:
+def _version(run: RunForPage, no_worker: str) -> str:
+    """The run's own version, whether its lease holds and whether a live worker can run it:
+    a lease can lapse (a worker died) and the last worker with its agent can stop without the
+    run changing, and the page must say so."""
+    return (f"{selectors.run_version(run)}.{int(selectors.run_lease_live(run))}"
+            f".{int(bool(no_worker))}")
+
+
+def _context(request: HttpRequest, run: RunForPage, no_worker: str, form: CancelRunForm,
+             message: str, steps_before: int | None) -> dict[str, Any]:
     live = selectors.run_is_live(run)
     query = request.GET.copy()
     query.pop("seen", None)
@@ -163,6 +178,7 @@ def _context(request: HttpRequest, run: RunForPage, form: CancelRunForm, message
         "run": run,
         "live": live,
         "lease_live": selectors.run_lease_live(run),
+        "no_worker": no_worker,
         "steps": selectors.steps_tail(run.pk, before=steps_before, limit=STEPS_SHOWN),
         "steps_before": steps_before,
         "approvals": selectors.run_approvals(run.pk),
@@ -171,7 +187,7 @@ def _context(request: HttpRequest, run: RunForPage, form: CancelRunForm, message
                        and selectors.run_cancellable(run)),
         "cancel_form": form,
         "message": message,
-        "version": _version(run),
+        "version": _version(run, no_worker),
         "query": query.urlencode(),
         "now": timezone.now(),
     }

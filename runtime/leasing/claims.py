@@ -100,7 +100,7 @@ def run_claim_next(
     *,
     lease_seconds: float,
     clock: Any = SYSTEM_CLOCK,
-    agents: Sequence[str] = (),
+    agents: Sequence[str] | None = None,
     dead_owners: Sequence[str] = (),
     exclude: Sequence[int] = (),
     on_conflict: Callable[[], None] | None = None,
@@ -117,7 +117,7 @@ def run_claim_many(
     *,
     lease_seconds: float,
     clock: Any = SYSTEM_CLOCK,
-    agents: Sequence[str] = (),
+    agents: Sequence[str] | None = None,
     dead_owners: Sequence[str] = (),
     exclude: Sequence[int] = (),
     on_conflict: Callable[[], None] | None = None,
@@ -130,8 +130,14 @@ def run_claim_many(
     compare-and-set decides (all of them in one group commit); ``on_conflict`` hears of each
     claim another worker won first, and up to ``CANDIDATES`` rounds look again for the runs
     lost that way.
+
+    ``agents``: only runs of these agents, queued or to take over (a worker passes the agents
+    it has, so a run of one it lacks waits for a worker that has it; an empty list claims
+    nothing); None: runs of any agent.
     """
     protocol_check()
+    if agents is not None and not agents:
+        return []
     eng = engine()
     out: list[Acquired] = []
     if eng.locks_rows:
@@ -139,8 +145,8 @@ def run_claim_many(
             for gone in (True, False):
                 if len(out) >= n:
                     break
-                for run in _candidates(clock, gone, n - len(out), agents, dead_owners, exclude,
-                                       lock=True):
+                for run in _candidates(clock, gone, n - len(out), agents or (), dead_owners,
+                                       exclude, lock=True):
                     try:
                         out.append(_take(run, owner, lease_seconds, clock,
                                          reason=_why(run, dead_owners), locked=True))
@@ -154,7 +160,8 @@ def run_claim_many(
             want = n - len(out)
             if want <= 0:
                 return out
-            candidates = _candidates(clock, gone, want, agents, dead_owners, [*exclude, *lost])
+            candidates = _candidates(clock, gone, want, agents or (), dead_owners,
+                                     [*exclude, *lost])
             if not candidates:
                 break
             taken = _take_many(candidates, owner, lease_seconds, clock, dead_owners)

@@ -29,19 +29,23 @@ from runtime.selectors.runs import (
     events_after,
     events_tail,
     run_approvals,
+    run_awaits_worker,
     run_cancellable,
     run_for_page,
     run_is_live,
     run_lease_live,
     run_version,
+    runs_without_worker,
     steps_tail,
+    with_lease_state,
 )
-from runtime.selectors.workers import live_workers, worker_live
+from runtime.selectors.workers import agents_without_live_worker, live_workers, worker_live
 
 __all__ = [
     "QUEUE_FIELDS",
     "QUEUE_SORTS",
     "Tail",
+    "agents_without_live_worker",
     "approval_decisions",
     "approval_for_page",
     "approval_is_policy",
@@ -58,11 +62,14 @@ __all__ = [
     "live_workers",
     "pending",
     "run_approvals",
+    "run_awaits_worker",
     "run_cancellable",
     "run_for_page",
     "run_is_live",
     "run_lease_live",
     "run_version",
+    "runs_without_worker",
     "steps_tail",
+    "with_lease_state",
     "worker_live",
 ]

@@ -1,9 +1,14 @@
-"""Reads of runs for people: one run with its lease, its latest steps and events, its approvals."""
+"""Reads of runs for people: one run with its lease, its latest steps and events, its approvals,
+and whether a live worker can run it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from django.db.models import QuerySet
 
 from runtime.clock import SYSTEM_CLOCK
 from runtime.models import (
@@ -12,8 +17,10 @@ from runtime.models import (
     Approval,
     Event,
     Run,
+    RunStatus,
     Step,
 )
+from runtime.selectors.workers import agents_without_live_worker
 from runtime.storage.engines import lease_expired
 
 if TYPE_CHECKING:
@@ -65,14 +72,37 @@ def events_tail(run: Run, *, limit: int = 50) -> Tail:
     return Tail(rows, run.event_seq, rows[0].seq if rows and rows[0].seq > 1 else None)
 
 
+def with_lease_state(runs: QuerySet[Run]) -> QuerySet[RunForPage]:
+    """``runs``, each with whether its lease holds by the database's clock (the rule claims
+    use)."""
+    return runs.annotate(lease_gone=lease_expired(SYSTEM_CLOCK))
+
+
 def run_for_page(pk: int) -> RunForPage | None:
     """One run, with whether its lease holds by the database's clock (the rule claims use)."""
-    return Run.objects.annotate(lease_gone=lease_expired(SYSTEM_CLOCK)).filter(pk=pk).first()
+    return with_lease_state(Run.objects.all()).filter(pk=pk).first()
 
 
 def run_lease_live(run: RunForPage) -> bool:
     """Whether someone holds the run's lease right now (a run from ``run_for_page``)."""
     return bool(run.lease_owner) and not run.lease_gone
+
+
+def run_awaits_worker(run: RunForPage) -> bool:
+    """Whether the run waits for a worker to claim it: queued, or running with its lease gone
+    (a worker takes it over). Where a claim looks (``runtime.leasing.claims``)."""
+    return run.status == RunStatus.QUEUED or (run.status == RunStatus.RUNNING
+                                              and bool(run.lease_gone))
+
+
+def runs_without_worker(runs: Iterable[RunForPage], now: datetime) -> dict[int, str]:
+    """Of ``runs`` (from ``with_lease_state``), those waiting for a worker whose agent no live
+    worker has: run id -> agent. Nobody will claim them until a worker that has the agent
+    starts (a rolling deploy not finished, or a worker started with ``--agents``). One query
+    for all of them, none when no run waits."""
+    waiting = {run.pk: run.agent for run in runs if run_awaits_worker(run)}
+    unserved = agents_without_live_worker(waiting.values(), now)
+    return {pk: agent for pk, agent in waiting.items() if agent in unserved}
 
 
 def run_is_live(run: Run) -> bool:

@@ -1,7 +1,8 @@
-"""Reads of worker processes for people: which are live."""
+"""Reads of worker processes for people: which are live, and which agents they run."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
@@ -26,3 +27,15 @@ def live_workers(now: datetime) -> list[str]:
     """The owners of the live workers, sorted."""
     return sorted(Worker.objects.alias(live=worker_live(now)).filter(live=True)
                   .values_list("owner", flat=True))
+
+
+def agents_without_live_worker(agents: Iterable[str], now: datetime) -> set[str]:
+    """Those of ``agents`` that no live worker has: a worker claims runs of its own agents
+    only (``Worker.agents``), so their runs wait until a worker that has them starts. One
+    query, and none when ``agents`` is empty."""
+    wanted = set(agents)
+    if not wanted:
+        return set()
+    had = (Worker.objects.alias(live=worker_live(now)).filter(live=True)
+           .values_list("agents", flat=True))
+    return wanted.difference(*(set(listed or ()) for listed in had))

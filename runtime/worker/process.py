@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from django.db import connection
 
+from runtime.agents.agent import registry
 from runtime.approvals.expiry import approvals_expire
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.conf import setting
@@ -73,7 +74,9 @@ class WorkerProcess:
         self.name, self.concurrency, self.burst = name, concurrency, burst
         self.lease_seconds = float(lease_seconds or setting("LEASE_SECONDS"))
         self.poll_interval, self.grace_seconds = poll_interval, grace_seconds
-        self.agents = list(agents or [])
+        # The agents this process has: it claims and takes over runs of these only, so a run
+        # of an agent its code lacks (a rolling deploy) waits for a worker that has it.
+        self.agents = list(agents) if agents else sorted(registry.all())
         self.clock = clock
         self.cpu = cpu  # runworker --cpu: confine the process's threads to one CPU
         self.pinned: Pinned | None = None
@@ -135,9 +138,9 @@ class WorkerProcess:
         self._slots = [Slot(f"{self.name}-slot{n}", self._execute)
                        for n in range(self.concurrency)]
         self._free = list(self._slots)
-        log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs%s%s", self.owner,
-                 self.concurrency, self.lease_seconds, self.poll_interval,
-                 f", agents {', '.join(self.agents)}" if self.agents else "",
+        log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs, agents %s%s",
+                 self.owner, self.concurrency, self.lease_seconds, self.poll_interval,
+                 ", ".join(self.agents) or "none (it claims nothing)",
                  f", CPU {self.pinned.cpu}" if self.pinned else "")
         delay = 0.05
         try:
@@ -392,8 +395,8 @@ class WorkerProcess:
     def _register(self) -> bool:
         """This process's row (``runtime.worker.registration``); False if told to stop first."""
         return worker_register(owner=self.owner, name=self.name, concurrency=self.concurrency,
-                               lease_seconds=self.lease_seconds, clock=self.clock,
-                               stopping=self._stop.is_set)
+                               lease_seconds=self.lease_seconds, agents=self.agents,
+                               clock=self.clock, stopping=self._stop.is_set)
 
     def _beat(self) -> None:
         """After the leases are renewed: the worker's row, and the protocol check (a database

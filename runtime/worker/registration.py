@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from runtime.clock import Clock
 from runtime.errors import one_line
@@ -20,9 +20,10 @@ log = logging.getLogger("runtime.worker")
 
 
 def worker_register(*, owner: str, name: str, concurrency: int, lease_seconds: float,
-                    clock: Clock, stopping: Callable[[], bool]) -> bool:
-    """Check the database's protocol and insert the process's row, riding out database
-    faults; False if ``stopping()`` turned true first. Raises ``ProtocolMismatch``."""
+                    agents: Sequence[str], clock: Clock, stopping: Callable[[], bool]) -> bool:
+    """Check the database's protocol and insert the process's row, with the agents it claims
+    runs of (the console says when no live worker has a queued run's agent), riding out
+    database faults; False if ``stopping()`` turned true first. Raises ``ProtocolMismatch``."""
     delay = 0.05
     while not stopping():
         now = clock.now()
@@ -31,7 +32,7 @@ def worker_register(*, owner: str, name: str, concurrency: int, lease_seconds: f
             Worker.objects.create(
                 owner=owner, name=name, host=hostname(), pid=os.getpid(), boot_id=boot_id(),
                 proc_start=own_process_start(), started_at=now, heartbeat_at=now,
-                concurrency=concurrency, lease_seconds=lease_seconds)
+                concurrency=concurrency, lease_seconds=lease_seconds, agents=list(agents))
             return True
         except DATABASE_FAULTS as exc:
             log.warning("worker %s: database fault while registering, retrying in %.2fs: %s",

@@ -38,7 +38,9 @@ class Command(BaseCommand):
                             "SQLite, 2 on PostgreSQL, where LISTEN wakes idle workers)")
         parser.add_argument("--grace-seconds", type=float, default=30.0)
         parser.add_argument("--burst", action="store_true", help="drain what is runnable, exit")
-        parser.add_argument("--agents", nargs="*", default=[], help="only runs of these agents")
+        parser.add_argument("--agents", nargs="*", default=[],
+                            help="only runs of these agents (default: every agent this "
+                            "process has; a run of an agent no live worker has stays queued)")
         parser.add_argument("--cpu", default=str(conf.value("RUNTIME_WORKER_CPU")),
                             help="confine the worker to one CPU: auto (one no other worker "
                             "of this host holds), a CPU number, or off (default; "
