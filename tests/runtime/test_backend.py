@@ -205,13 +205,18 @@ def _waiter_threads() -> int:
     return sum(t.name == "sqlite-writer-queue" for t in threading.enumerate())
 
 
-def _hold_in_another_process(db: Path, ready: Path) -> subprocess.Popen:
-    script = ("import fcntl, os, sys, time\n"
+def _hold_in_another_process(db: Path, ready: Path, *, in_transaction: bool = False
+                             ) -> subprocess.Popen:
+    """Another process holding the writer queue and, ``in_transaction``, SQLite's write lock."""
+    script = ("import fcntl, os, sqlite3, sys, time\n"
               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
               "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "if sys.argv[4] == '1':\n"
+              "    sqlite3.connect(sys.argv[3], isolation_level=None).execute('BEGIN IMMEDIATE')\n"
               "open(sys.argv[2], 'w').close()\n"
               "time.sleep(600)\n")
-    holder = subprocess.Popen([sys.executable, "-c", script, str(_writer_file(db)), str(ready)])
+    holder = subprocess.Popen([sys.executable, "-c", script, str(_writer_file(db)), str(ready),
+                               str(db), "1" if in_transaction else "0"])
     wait_until(ready.exists, what="the other process to hold the lock")
     return holder
 
@@ -221,7 +226,8 @@ def test_a_writer_gives_up_after_the_timeout_with_database_is_locked(sqlite_path
     from django.db import OperationalError
 
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "timeout", 0.3)
-    holder = _hold_in_another_process(sqlite_path, tmp_path / "holding")
+    # Inside a write transaction: a holder of the queue alone is passed (test_frozen_writer).
+    holder = _hold_in_another_process(sqlite_path, tmp_path / "holding", in_transaction=True)
     waiters = _waiter_threads()
     try:
         for begin in (transaction.atomic, connection.write_transaction, transaction.atomic):

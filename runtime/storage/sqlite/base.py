@@ -8,8 +8,10 @@ first on a lock of their own): a waiting writer blocks in the kernel and goes th
 holder commits or rolls back. After the connection's
 ``timeout`` (``OPTIONS["timeout"]``, SQLite's own busy timeout) it gives up with "database is
 locked", as SQLite would. SQLite's locking still decides who writes; the flock only orders the
-queue. The kernel drops the flock when its holder's process dies, unless a child forked without
-exec still holds a copy of the descriptor. Writes outside a transaction (autocommit) do not
+queue, so a holder that does not let go within the patience (a process frozen while it holds
+it) is passed: the waiter goes on to SQLite's own lock without it (``stalls``). The kernel
+drops the flock when its holder's process dies, unless a child forked without exec still holds
+a copy of the descriptor. Writes outside a transaction (autocommit) do not
 queue; SQLite's busy timeout covers them. ``OPTIONS["writer_queue"] = False`` turns the queue
 off (SQLite's busy handler alone, as in Django's backend) and keeps the rest.
 
@@ -40,6 +42,7 @@ from django.db import OperationalError, transaction
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 
 from runtime.host import files
+from runtime.storage.sqlite import stalls
 
 
 @dataclass
@@ -50,6 +53,7 @@ class WriterStats:
     waited: float = 0.0  # seconds spent queued for the lock
     held: float = 0.0  # seconds between taking the lock and the end of the commit or rollback
     since: float = 0.0  # time.monotonic() when counting began
+    passed: int = 0  # transactions that went to SQLite's lock past a queue holder not moving
 
 
 _stats = WriterStats(since=time.monotonic())
@@ -59,7 +63,8 @@ _stats_lock = threading.Lock()
 def writer_stats() -> WriterStats:
     """A copy of this process's counts."""
     with _stats_lock:
-        return WriterStats(_stats.transactions, _stats.waited, _stats.held, _stats.since)
+        return WriterStats(_stats.transactions, _stats.waited, _stats.held, _stats.since,
+                           _stats.passed)
 
 
 _absolute: dict[str, str] = {}
@@ -195,7 +200,7 @@ class DatabaseWrapper(SQLiteWrapper):
             try:
                 fcntl.flock(self._writer_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                self._writer_wait(max(0.0, asked + timeout - time.perf_counter()))
+                self._writer_queue(path, asked, timeout)
         except BaseException:
             local.release()
             raise
@@ -204,26 +209,49 @@ class DatabaseWrapper(SQLiteWrapper):
         with _stats_lock:
             _stats.waited += now - asked
 
-    def _writer_wait(self, timeout: float) -> None:
-        """Queue for the lock in the kernel for at most ``timeout`` seconds.
+    def _writer_queue(self, path: str, asked: float, timeout: float) -> None:
+        """Another process holds the flock: wait for it, or pass its holder. One that has not
+        let go within the patience (frozen: SIGSTOP, a debugger) is passed, and this
+        connection goes on to SQLite's own lock (BEGIN IMMEDIATE, its busy timeout) without
+        the flock; so does every writer of this process while that holder holds the queue
+        without moving (``stalls``)."""
+        if stalls.passing(path):
+            with _stats_lock:
+                _stats.passed += 1
+            return
+        left = max(0.0, asked + timeout - time.perf_counter())
+        wait = min(left, stalls.patience(timeout))
+        if self._writer_wait(path, wait):
+            return
+        if wait >= left:  # the timeout ran out first (this process's writers took most of it)
+            raise OperationalError(f"database is locked (waited {left:.1f} s in the writer "
+                                   f"queue{stalls.queue_holder(path)})")
+        stalls.pass_holder(path, time.perf_counter() - asked, wait)
+        self._writer_fd = files.open_private(path)  # unlocking it is a no-op: nothing held
+        with _stats_lock:
+            _stats.passed += 1
+
+    def _writer_wait(self, path: str, timeout: float) -> bool:
+        """Queue for the lock in the kernel for at most ``timeout`` seconds; True once held.
 
         The process's waiter thread for this file makes the blocking call on a duplicate of
         the descriptor (a flock belongs to the open file, which both share) and closes the
         duplicate once it returns: the lock then stays with ``self._writer_fd``. Past the
-        timeout this thread closes its own descriptor and gives up, so the lock, whenever the
-        waiter gets it, goes with the waiter's duplicate, the file's last descriptor.
+        timeout this thread closes its own descriptor and gives up (False), so the lock,
+        whenever the waiter gets it, goes with the waiter's duplicate, the file's last
+        descriptor, and is let go at once.
         """
         fd = self._writer_fd
         assert fd is not None, "_writer_lock opened it before waiting"
         request = _FlockRequest(os.dup(fd))
-        _waiter(absolute(f"{self.settings_dict['NAME']}.writer")).put(request)
+        _waiter(path).put(request)
         if not request.got.wait(timeout):
             os.close(fd)
             self._writer_fd = None
-            raise OperationalError(
-                f"database is locked (waited {timeout:.1f} s in the writer queue)")
+            return False
         if request.failed:
             raise OperationalError(f"the writer queue's lock failed: {request.failed[0]}")
+        return True
 
     def _writer_unlock(self) -> None:
         if self._writer_since is None:
@@ -269,6 +297,8 @@ class DatabaseWrapper(SQLiteWrapper):
         try:
             with self.wrap_database_errors:
                 self.connection.execute("BEGIN IMMEDIATE")
+        except OperationalError as exc:
+            raise self._locked(exc) from exc
         except BaseException:
             self._writer_unlock()
             raise
@@ -290,11 +320,23 @@ class DatabaseWrapper(SQLiteWrapper):
         except BaseException:
             self.close()
 
+    def _locked(self, exc: OperationalError) -> OperationalError:
+        """End the queue's hold after BEGIN failed; "database is locked" names the process
+        holding SQLite's write lock, when /proc can tell (the BEGIN waited since the queue)."""
+        waited = time.perf_counter() - (self._writer_since or time.perf_counter())
+        self._writer_unlock()
+        if "database is locked" not in str(exc) or self.is_in_memory_db():
+            return exc
+        found = stalls.locked_message(absolute(str(self.settings_dict["NAME"])), waited)
+        return OperationalError(found) if found else exc
+
     # Django's private transaction hooks, which django-stubs do not declare (hence the ignores).
     def _start_transaction_under_autocommit(self) -> None:
         self._writer_lock()
         try:
             super()._start_transaction_under_autocommit()  # type: ignore[misc]  # not in the stubs
+        except OperationalError as exc:
+            raise self._locked(exc) from exc
         except BaseException:
             self._writer_unlock()
             raise
