@@ -214,6 +214,10 @@ VARIABLES: tuple[Variable, ...] = (
              "approval requested.", "runtime"),
     Variable("RUNTIME_NOTIFY_EMAIL", TEXT, "", "Comma-separated addresses mailed about every "
              "approval requested.", "runtime"),
+    Variable("RUNTIME_RETAIN_NOTIFICATIONS_DAYS", integer(0, 36500, "a number of days",
+                                                          low_means="kept for ever"), 0,
+             "`manage.py prune` removes notifications delivered or given up this many days "
+             "ago, with their attempts.", "runtime", key="RETAIN_NOTIFICATIONS_DAYS"),
     Variable("RUNTIME_AUDIT_KEY", TEXT, "", "The key (32 characters or more) that signs audit "
              "checkpoints; keep it off the database's machine.", "runtime", key="AUDIT_KEY",
              secret=True),
@@ -282,6 +286,14 @@ VARIABLES: tuple[Variable, ...] = (
              900, "How long a lockout lasts, from the last failure.", "console"),
     Variable("CONSOLE_RECENT_DEAD_WORKERS_SECONDS", number(0, 365 * 86400), 3600.0, "How "
              "long a dead worker stays on the Workers page's first tab.", "console"),
+    Variable("CONSOLE_RETAIN_IDEMPOTENCY_DAYS", integer(0, 36500, "a number of days",
+                                                        low_means="kept for ever"), 0,
+             "`manage.py pruneapi` removes the answers kept for Idempotency-Key requests this "
+             "many days old.", "console"),
+    Variable("CONSOLE_RETAIN_API_TOKENS_DAYS", integer(0, 36500, "a number of days",
+                                                       low_means="kept for ever"), 0,
+             "`manage.py pruneapi` removes API tokens unused (and not issued or revoked) for "
+             "this many days.", "console"),
     # Email (notifications by mail).
     Variable("EMAIL_HOST", TEXT, "localhost", "The SMTP server.", "email"),
     Variable("EMAIL_PORT", integer(1, 65535, "a port"), 25, "Its port.", "email"),

@@ -36,11 +36,16 @@ class CrashPoint(StrEnum):
     # A group commit of two or more plans, every plan applied, before its COMMIT (not a step's:
     # which runs share a group depends on timing).
     IN_GROUP_COMMIT = "in_group_commit"
+    # A prune (runtime.retention): a batch's archive written and synced, its runs not yet
+    # removed; and inside the batch's removal, every row deleted, before its COMMIT.
+    AFTER_ARCHIVE_WRITTEN = "after_archive_written"
+    IN_PRUNE_TRANSACTION = "in_prune_transaction"
 
 
 # Points outside a run's steps: the crash matrix and the chaos soak's step points leave them out.
 OFF_STEP_POINTS = frozenset({CrashPoint.AFTER_NOTIFICATION_SENT,
-                             CrashPoint.IN_GROUP_COMMIT})
+                             CrashPoint.IN_GROUP_COMMIT, CrashPoint.AFTER_ARCHIVE_WRITTEN,
+                             CrashPoint.IN_PRUNE_TRANSACTION})
 
 
 @dataclass

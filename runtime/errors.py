@@ -221,6 +221,22 @@ class CheckpointRefused(AgentRuntimeError):
         super().__init__(f"{path}: {reason}" if path else reason)
 
 
+class PruneRefused(AgentRuntimeError):
+    """A prune could not start or go on; every batch it committed before is whole and on record."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"prune refused: {reason}")
+
+
+class ArchiveRefused(AgentRuntimeError):
+    """An archive of pruned runs could not be written or read: missing, altered, or not one."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+
 class InvalidSchedule(AgentRuntimeError):
     """A schedule's field is not acceptable (or it changed meanwhile); nothing was written."""
 

@@ -27,7 +27,7 @@ from runtime.canonical import chain_hash, dumps, iso_time
 from runtime.conf import setting
 from runtime.errors import AuditKeyError, CheckpointRefused
 from runtime.host.files import open_private
-from runtime.models import AuditCheckpoint, Event, Run, RunCreation
+from runtime.models import AuditCheckpoint, Event, PrunedRun, Run, RunCreation
 from runtime.storage.creations import creations_head
 
 FORMAT = "runtime-audit-checkpoint"
@@ -166,9 +166,20 @@ def checkpoint_verify(doc: dict[str, Any], using: str = "default") -> Iterator[s
             (r, s): h for r, s, h in Event.objects.using(using).filter(
                 run_id__in=[r for r, _, _ in chunk], seq__in={s for _, s, _ in chunk}
             ).values_list("run_id", "seq", "hash") if (r, s) in wanted}
+        missing = [run_id for (run_id, seq) in wanted if (run_id, seq) not in found_hashes]
+        # A run archived and removed by `manage.py prune` is checked against the checkpoint in
+        # its archive (`verifyaudit --archive`); here only its recorded head can be.
+        pruned = {r: (s, h) for r, s, h in PrunedRun.objects.using(using).filter(
+            run_id__in=missing).values_list("run_id", "event_seq", "event_hash")} \
+            if missing else {}
         for (run_id, seq), head in wanted.items():
             got = found_hashes.get((run_id, seq))
-            if got is None:
+            if got is None and run_id in pruned:
+                last_seq, last_hash = pruned[run_id]
+                if last_seq < seq or (last_seq == seq and last_hash != head):
+                    yield (f"run {run_id}: pruned with its chain at event #{last_seq}, which "
+                           f"does not follow its head at checkpoint #{n} (#{seq})")
+            elif got is None:
                 yield (f"run {run_id}: event #{seq}, its last at checkpoint #{n}, is gone "
                        "(the run was deleted or rolled back)")
             elif got != head:

@@ -10,6 +10,7 @@ from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus
 from runtime.models.audit import AuditCheckpoint, Event, RunCreation
 from runtime.models.backups import Backup, Restoration
 from runtime.models.notifications import Notification, NotificationAttempt, NotificationStatus
+from runtime.models.retention import PrunedRun, Pruning
 from runtime.models.runs import (
     CANCELLABLE_RUN_STATUSES,
     IN_FLIGHT_STEP_STATUSES,
@@ -40,6 +41,8 @@ __all__ = [
     "NotificationAttempt",
     "NotificationStatus",
     "Protocol",
+    "PrunedRun",
+    "Pruning",
     "Restoration",
     "Run",
     "RunCreation",

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 APPEND_ONLY_TABLES = ("runtime_event", "runtime_runcreation", "runtime_auditcheckpoint",
-                      "runtime_scheduleevent")
+                      "runtime_scheduleevent", "runtime_pruning", "runtime_prunedrun")
+
+# The one DELETE the triggers let through (migration 0014): an event of a run entered in
+# runtime_prunedrun, which `manage.py prune` writes in the transaction that archives the run
+# and removes it (runtime.retention). Every other DELETE, and every UPDATE, is refused.
+PRUNE_PERMIT = "NOT EXISTS (SELECT 1 FROM runtime_prunedrun WHERE run_id = OLD.run_id)"
 
 
 def expected_triggers(vendor: str) -> dict[str, str]:
@@ -12,9 +17,14 @@ def expected_triggers(vendor: str) -> dict[str, str]:
 
 
 def _sqlite_expected() -> dict[str, str]:
-    return {f"{table}_no_{op}": (f"CREATE TRIGGER {table}_no_{op} BEFORE {op.upper()} ON {table} "
-                                 f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END")
-            for table in APPEND_ONLY_TABLES for op in ("update", "delete")}
+    out = {}
+    for table in APPEND_ONLY_TABLES:
+        for op in ("update", "delete"):
+            when = f"WHEN {PRUNE_PERMIT} " if (table, op) == ("runtime_event", "delete") else ""
+            out[f"{table}_no_{op}"] = (
+                f"CREATE TRIGGER {table}_no_{op} BEFORE {op.upper()} ON {table} {when}"
+                f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END")
+    return out
 
 
 def _postgres_expected() -> dict[str, str]:
@@ -29,4 +39,9 @@ def _postgres_expected() -> dict[str, str]:
     return out
 
 
-POSTGRES_FUNCTION_BODY = "BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END"
+# The function every PostgreSQL trigger above calls; only a DELETE of an event whose run is
+# entered in runtime_prunedrun gets past it.
+POSTGRES_FUNCTION_BODY = (
+    "BEGIN IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'runtime_event' THEN IF "
+    "EXISTS (SELECT 1 FROM runtime_prunedrun WHERE run_id = OLD.run_id) THEN RETURN OLD; "
+    "END IF; END IF; RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END")
