@@ -176,6 +176,7 @@ def _render(
         "notifications": selectors.approval_notifications(approval),
         "pending": approval.status == ApprovalStatus.PENDING,
         "outcome_unknown": selectors.approval_outcome_unknown(approval),
+        "after_restore": selectors.approval_after_restore(approval),
         "tampered": selectors.approval_tampered(approval),
         "policy": selectors.approval_is_policy(approval),
         "kind_word": kind_word(approval.kind),

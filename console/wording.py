@@ -20,6 +20,7 @@ KIND_WORDS: dict[str, str] = {
     ApprovalKind.POLICY: "policy check",
     ApprovalKind.INTERRUPTED_SIDE_EFFECT: "interrupted call",
     ApprovalKind.RECONCILE: "reconcile conflict",
+    ApprovalKind.RESTORED: "restored from a backup",
 }
 
 

@@ -186,6 +186,15 @@ def request_digest(tool: str, arguments: Any, effect: str) -> str:
     return digest({"tool": tool, "arguments": arguments, "effect": effect})
 
 
+def step_idempotency_key(run_id: int, run_created_at: datetime, index: int) -> str:
+    """A step's idempotency key, the same on every attempt and derived from what a restore from a
+    backup cannot change: the run (its id and creation time, so a run created after the backup
+    whose id is reused gets other keys) and the step's position. A call repeated after a restore
+    carries the first call's key, which a provider that honours keys turns into a no-op."""
+    seed = hashlib.sha256(f"{run_id}:{iso_time(run_created_at)}".encode()).hexdigest()[:12]
+    return f"run{run_id}-step{index}-{seed}"
+
+
 def chain_hash(prev: str, body: str) -> str:
     """The next link of a hash chain (a run's events, the global creations, a schedule's
     changes, the checkpoints): SHA-256 of the previous link and this entry's canonical JSON."""

@@ -221,6 +221,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RUNTIME_AUDIT_KEY", TEXT, "", "The key (32 characters or more) that signs audit "
              "checkpoints; keep it off the database's machine.", "runtime", key="AUDIT_KEY",
              secret=True),
+    Variable("RUNTIME_CHECKPOINT_DIR", TEXT, "", "A directory (ideally on another machine's "
+             "disk) holding signed audit checkpoints: `manage.py backup` writes one there, and a "
+             "worker refuses to start on a database that is behind the newest one (it was "
+             "restored by hand) until `manage.py restore --acknowledge` fences it. Empty: no "
+             "such check.", "runtime", key="CHECKPOINT_DIR"),
     Variable("RUNTIME_WORKER_CPU", CPU, "off", "runworker's --cpu default: confine a worker's "
              "threads to one CPU.", "runtime"),
     Variable("RUNTIME_UMASK", UMASK, None, "The umask of every process (default: the one it "

@@ -221,6 +221,37 @@ class CheckpointRefused(AgentRuntimeError):
         super().__init__(f"{path}: {reason}" if path else reason)
 
 
+class AuthorizationWithdrawn(AgentRuntimeError):
+    """A schedule's standing authorization was turned off as a start it allowed was committed:
+    the start was not written, and a person is asked instead."""
+
+    def __init__(self, run_id: int, step_index: int | None) -> None:
+        self.run_id, self.step_index = run_id, step_index
+        super().__init__(f"run {run_id} step {step_index}: the standing authorization was "
+                         "withdrawn before the start was committed")
+
+
+class RestoreRefused(AgentRuntimeError):
+    """A backup could not be taken or restored, or a database not fenced; nothing was changed."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+
+class DatabaseBehind(AgentRuntimeError):
+    """The database is behind a signed checkpoint newer than its last restore: it was restored
+    by hand and not fenced, so its runs could repeat side effects."""
+
+    def __init__(self, checkpoint: str, problems: list[str]) -> None:
+        self.checkpoint, self.problems = checkpoint, problems
+        super().__init__(
+            f"the database is behind the audit checkpoint {checkpoint} ({problems[0]}"
+            + (f", and {len(problems) - 1} more" if len(problems) > 1 else "") + "): it was "
+            "restored from a backup without `manage.py restore`. Run `manage.py restore "
+            "--acknowledge` to hold its unfinished runs for a person, then start the workers")
+
+
 class PruneRefused(AgentRuntimeError):
     """A prune could not start or go on; every batch it committed before is whole and on record."""
 

@@ -7,6 +7,7 @@ which survives the worker being killed. ``slow`` tools wait for a release file t
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +34,9 @@ def _hold(name: str, ctx: ToolContext) -> None:
 
 
 def _record(name: str, ctx: ToolContext, **data) -> None:
+    most = float(os.environ.get("RUNTIME_TEST_TOOL_SECONDS", "0"))  # the world's latency
+    if most > 0:
+        time.sleep(random.uniform(0, most))
     ledger().record(name, run=ctx.run_id, step=ctx.step_index, attempt=ctx.attempt,
                     key=ctx.idempotency_key, pid=os.getpid(), **data)
 
@@ -67,6 +71,14 @@ def fast_charge(ctx: ToolContext, amount: int) -> dict:
     return {"charged": amount}
 
 
+@tool(effect="side_effect", dispatches=True)
+def notify(ctx: ToolContext, to: str) -> dict:
+    """Send a message; records ctx.dispatch() just before it goes out, on the record."""
+    ctx.dispatch()
+    _record("notify", ctx, to=to)
+    return {"sent": to}
+
+
 @tool(effect="read_only")
 def long_read(ctx: ToolContext, seconds: float) -> dict:
     """A read that takes ``seconds`` (a long outside call, as the test sets it)."""
@@ -85,7 +97,7 @@ def _llm_that_raises(transcript):
     raise ConnectionError("the LLM is down")
 
 
-TOOLS = [noop, slow_read, slow_charge, fast_charge, long_read, boom]
+TOOLS = [noop, slow_read, slow_charge, fast_charge, notify, long_read, boom]
 
 AGENTS = [
     Agent("steps5", ScriptedLLM([ToolCall("noop", {"n": i}) for i in range(5)]
@@ -98,6 +110,12 @@ AGENTS = [
     Agent("final", ScriptedLLM([FinalAnswer("ok")]), TOOLS),
     Agent("mixed", ScriptedLLM([ToolCall("noop", {"n": 1}), ToolCall("fast_charge", {"amount": 3}),
                                 ToolCall("noop", {"n": 2}), FinalAnswer("done")]), TOOLS),
+    # read, pay, notify, pay: what a restore from a backup must not repeat on its own.
+    Agent("paynotify", ScriptedLLM([ToolCall("noop", {"n": 1}),
+                                    ToolCall("fast_charge", {"amount": 7}),
+                                    ToolCall("notify", {"to": "ann@example.com"}),
+                                    ToolCall("fast_charge", {"amount": 8}),
+                                    FinalAnswer("paid")]), TOOLS),
     Agent("long", ScriptedLLM([ToolCall("long_read", {"seconds": 10}), FinalAnswer("done")]),
           TOOLS),
 ]

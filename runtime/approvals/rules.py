@@ -36,7 +36,8 @@ DECIDED_STATUS = {Decision.APPROVE: ApprovalStatus.APPROVED,
 
 # Approvals about a call that may already have happened: a person may resolve them with what
 # they found. A policy approval asks before a first call: it is approved or rejected.
-RESOLVABLE_KINDS = (ApprovalKind.INTERRUPTED_SIDE_EFFECT, ApprovalKind.RECONCILE)
+RESOLVABLE_KINDS = (ApprovalKind.INTERRUPTED_SIDE_EFFECT, ApprovalKind.RECONCILE,
+                    ApprovalKind.RESTORED)
 
 
 def approval_resolvable(approval: Approval) -> bool:

@@ -52,7 +52,8 @@ _COST_STEP = Decimal("0.000001")  # the cost column's last place
 
 RUN_FIELDS = ("agent", "input", "created_by", "created_at", "status", "failure_code",
               "failure_message", "output", "lease_owner", "lease_epoch", "llm_requests",
-              "tokens_in", "tokens_out", "schedule_id", "occurrence_at", "authorized_at")
+              "tokens_in", "tokens_out", "schedule_id", "occurrence_at", "authorized_at",
+              "restored_at")
 
 
 STEP_FIELDS = ("status", "tool", "arguments", "effect", "idempotency_key", "result", "error",

@@ -12,11 +12,11 @@ from typing import Any
 
 from runtime.canonical import parse_time
 from runtime.models import (
-    ApprovalKind,
     ApprovalStatus,
     FailureCode,
     RunStatus,
     StepStatus,
+    held_step_status,
 )
 from runtime.storage.events import EventKind
 
@@ -46,6 +46,7 @@ class RunState:
     schedule_id: int | None = None
     occurrence_at: datetime | None = None
     authorized_at: datetime | None = None
+    restored_at: datetime | None = None
 
 
 @dataclass
@@ -197,6 +198,14 @@ def _run_cancelled(f: _Folding, step: StepState | None, p: dict[str, Any],
         a.decided_by, a.note, a.decided_at = p.get("by", ""), p.get("reason", ""), at
 
 
+def _run_restored(f: _Folding, step: StepState | None, p: dict[str, Any],
+                  at: datetime) -> None:
+    """The restore fence: the run is queued, unleased, and held from its backup's moment."""
+    run = f.out.run
+    run.status, run.lease_owner, run.leased = RunStatus.QUEUED, "", False
+    run.restored_at = parse_time(p.get("backup_taken_at"))
+
+
 def _llm_requested(f: _Folding, step: StepState | None, p: dict[str, Any],
                    at: datetime) -> None:
     if p.get("attempt", 1) == 1:  # a retry is the same request
@@ -303,8 +312,7 @@ def _approval_requested(f: _Folding, step: StepState | None, p: dict[str, Any],
     if step is None:
         return
     kind = p.get("kind", "")
-    # A policy approval holds a step that never started; the others an interrupted one.
-    step.status = StepStatus.WAITING if kind == ApprovalKind.POLICY else StepStatus.INTERRUPTED
+    step.status = held_step_status(kind, step.attempt or 0)
     pk = p.get("approval_id")
     if not isinstance(pk, int):
         f.out.unreadable.append(f"approval.requested on step {step.index} carries no approval "
@@ -381,6 +389,7 @@ HANDLERS: dict[str, Handler] = {
     EventKind.RUN_SUCCEEDED: _run_succeeded,
     EventKind.RUN_FAILED: _run_failed,
     EventKind.RUN_CANCELLED: _run_cancelled,
+    EventKind.RUN_RESTORED: _run_restored,
     EventKind.LEASE_TAKEN: _lease_taken,
     EventKind.LEASE_TAKEN_OVER: _lease_taken,
     EventKind.LEASE_RELEASED: _lease_released,

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runtime.errors import ApprovalConflict, LeaseLost, one_line
+from runtime.errors import ApprovalConflict, AuthorizationWithdrawn, LeaseLost, one_line
 from runtime.models import Run, RunStatus, Step
 from runtime.storage.base import Committed, Refused
 from runtime.storage.engines import engine, lease_expired, notify_ready
 from runtime.storage.events import build_events, log_events
 from runtime.storage.faults import DATABASE_FAULTS, pause_after_fault
+from runtime.storage.guards import STANDING_WITHDRAWN
 from runtime.storage.plan import Fence, Plan
 
 log = logging.getLogger("runtime.store")
@@ -156,6 +157,8 @@ def _refusal(lease: Lease, plan: Plan, refused: Refused, clock: Any) -> Exceptio
         return lost
     if refused.approval_id is not None:
         return ApprovalConflict(refused.approval_id, refused.reason)
+    if refused.reason == STANDING_WITHDRAWN:
+        return AuthorizationWithdrawn(lease.run_id, plan.last_step_index())
     return AssertionError(f"run {lease.run_id}: lease write refused, lease intact")
 
 

@@ -13,7 +13,6 @@ Whatever must be durable before an outside call is committed before it, never fo
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -31,10 +30,10 @@ from runtime.agents.policy import (
     expiry_seconds,
 )
 from runtime.agents.tools import Tool
-from runtime.canonical import iso_time, request_digest
+from runtime.canonical import iso_time, request_digest, step_idempotency_key
 from runtime.crashpoints import CrashPoint
 from runtime.effects import Effect
-from runtime.errors import LeaseLost
+from runtime.errors import AuthorizationWithdrawn, LeaseLost
 from runtime.leasing.lease import Lease, lease_commit, lease_plan
 from runtime.models import (
     Approval,
@@ -45,9 +44,10 @@ from runtime.models import (
     RunStatus,
     Step,
     StepStatus,
+    held_step_status,
 )
 from runtime.schedules.authorization import standing_authorization
-from runtime.storage.plan import Add, ApprovalDraft, Plan
+from runtime.storage.plan import Add, ApprovalDraft, Plan, StandingGuard
 
 _STEP_FIELDS = Step._meta.concrete_fields
 _STEP_PLACES = {f.attname: i for i, f in enumerate(_STEP_FIELDS)}
@@ -68,6 +68,22 @@ def new_step(**values: Any) -> Step:
     for name, value in values.items():
         row[_STEP_PLACES[name]] = value
     return Step(*row)
+
+
+def restored_presentation(run: Run, step: Step) -> tuple[str, str]:
+    """What a ``restored`` approval tells the person deciding it."""
+    taken = (f"{run.restored_at:%Y-%m-%d %H:%M:%S} UTC" if run.restored_at is not None
+             else "an unknown time")
+    title = f"Restored from a backup taken at {taken}: did {step.tool} already happen?"
+    detail = (
+        f"The database was restored from a backup taken at {taken}. This run was not finished "
+        "then and may have done more after it, this call included: the record of anything it "
+        f"did after {taken} was lost. Check the outside world for the call to {step.tool} "
+        f"({step.effect}) with idempotency key {step.idempotency_key}, then run it once more, "
+        "record its result if it happened, or end the run. Each later side effect of this run "
+        "asks again."
+    )
+    return title, detail
 
 
 def entry(step: Step) -> TranscriptEntry:
@@ -163,7 +179,7 @@ class Execution:
             self.fail(plan, FailureCode.BUDGET_EXCEEDED, over)
             self.commit(plan)
             return None
-        key = f"run{self.run.pk}-step{index}-{secrets.token_hex(6)}"
+        key = step_idempotency_key(self.run.pk, self.run.created_at, index)
         step = new_step(run_id=self.run.pk, index=index, status=StepStatus.DECIDING,
                         idempotency_key=key, started_at=plan.at)
         plan.event("step.started", {"idempotency_key": key}, index)
@@ -185,6 +201,9 @@ class Execution:
                        approval: Approval | None = None) -> Step | None:
         """Evaluate policy, then start the tool, pause for approval, or fail the run."""
         assert self.agent is not None, AGENT_LOADED
+        if approval is None and self.held_by_restore(step, tool):
+            self.pause_restored(plan, step)
+            return None
         # A decided step's arguments are the tool call's object (checked when decided).
         request = Request(tool.name, cast("dict[str, Any]", step.arguments), tool.effect,
                           step.index)
@@ -211,11 +230,36 @@ class Execution:
                 self.pause(plan, step, ApprovalKind.POLICY, verdict.title, verdict.detail,
                            StepStatus.WAITING, expires_in=expiry_seconds(verdict.expires_in))
                 return None
-            # Design §10: the person who authorized the schedule approved this ahead of time.
+            # Design §10: the person who authorized the schedule approved this ahead of time,
+            # if the grant still stands when the start commits (checked inside its commit).
             plan.event("side_effect.auto_confirmed", {
                 "reason": "standing authorization", "title": verdict.title, "tool": tool.name,
                 **standing}, step.index, actor=f"schedule:{standing['schedule']}")
+            assert self.run.authorized_at is not None, "a standing authorization names it"
+            plan.standing = StandingGuard(standing["schedule_id"], self.run.authorized_at)
+            before = step.status, step.attempt, step.dispatches
+            try:
+                return self.start_tool(plan, step, tool, approval)
+            except AuthorizationWithdrawn:  # nothing was written: ask a person after all
+                step.status, step.attempt, step.dispatches = before
+                self.pause(self.plan(), step, ApprovalKind.POLICY, verdict.title,
+                           verdict.detail, StepStatus.WAITING,
+                           expires_in=expiry_seconds(verdict.expires_in))
+                return None
         return self.start_tool(plan, step, tool, approval)
+
+    def held_by_restore(self, step: Step, tool: Tool) -> bool:
+        """Whether a person must decide before ``step``'s call: the database was restored from a
+        backup taken while this run was unfinished (design §12b), so the run may have made this
+        call, or later ones, after the backup's moment. Only reads on both counts go ahead."""
+        return self.run.restored_at is not None and not (
+            step.effect == Effect.READ_ONLY and tool.effect == Effect.READ_ONLY)
+
+    def pause_restored(self, plan: Plan, step: Step) -> None:
+        """Put the step's call before a person as a ``restored`` approval."""
+        title, detail = restored_presentation(self.run, step)
+        self.pause(plan, step, ApprovalKind.RESTORED, title, detail,
+                   held_step_status(ApprovalKind.RESTORED, step.attempt))
 
     def start_tool(self, plan: Plan, step: Step, tool: Tool, approval: Approval | None = None,
                    **why: Any) -> Step:

@@ -18,7 +18,7 @@ from runtime.agents.tools import Tool
 from runtime.canonical import check_payload, request_digest
 from runtime.effects import Effect
 from runtime.errors import InvalidArguments, InvalidPayload
-from runtime.loop.execution import AGENT_LOADED, Execution
+from runtime.loop.execution import AGENT_LOADED, Execution, restored_presentation
 from runtime.models import (
     Approval,
     ApprovalKind,
@@ -85,6 +85,10 @@ def interrupted(ex: Execution, step: Step) -> Step | None:
     if step.status == StepStatus.EXECUTING:  # released mid-call by a stopping worker
         interrupt_step(plan, step)
     assert ex.agent is not None, AGENT_LOADED
+    if ex.run.restored_at is not None:  # no proof from before the restore is trusted after it
+        return _with_tool(ex, plan, step, lambda tool: (
+            ex.pause_restored(plan, step) if ex.held_by_restore(step, tool)
+            else _run_again(ex, plan, step, tool)))
     if ex.agent.reconcile is not None:
         outcome, held = _ask_reconcile(ex, plan, step)
         if outcome is not None:
@@ -113,7 +117,7 @@ def consume(ex: Execution, step: Step, approval: Approval) -> Step | None:
     plan = ex.plan()
     if approval.digest != request_digest(step.tool, step.arguments, step.effect):
         ex.cancel_approval(plan, approval, "stale: the step's request changed")
-        title, detail = _presentation_for(approval.kind, step)
+        title, detail = _presentation_for(ex, approval.kind, step)
         ex.pause(plan, step, approval.kind, title, detail, step.status)
         return None
     tool, problem = _tool_for(ex, step)
@@ -134,11 +138,13 @@ def _run_again(ex: Execution, plan: Plan, step: Step, tool: Tool, **why: Any) ->
     return ex.start_tool(plan, step, tool, after="interruption", **why)
 
 
-def _presentation_for(kind: str, step: Step) -> tuple[str, str]:
+def _presentation_for(ex: Execution, kind: str, step: Step) -> tuple[str, str]:
     """Text for a fresh approval of ``step``'s request as it stands now."""
     if kind == ApprovalKind.POLICY:
         return (f"Allow {step.tool}?",
                 "The request changed since it was last allowed; decide on it as it is now.")
+    if kind == ApprovalKind.RESTORED:
+        return restored_presentation(ex.run, step)
     return _interrupted_presentation(step)
 
 

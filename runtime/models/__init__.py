@@ -6,7 +6,7 @@ commits in ``runtime.leasing``, the decisions in ``runtime.approvals.decisions``
 the state change and its audit event in one transaction. Nothing here writes on save.
 """
 
-from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus
+from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus, held_step_status
 from runtime.models.audit import AuditCheckpoint, Event, RunCreation
 from runtime.models.backups import Backup, Restoration
 from runtime.models.notifications import Notification, NotificationAttempt, NotificationStatus
@@ -52,4 +52,5 @@ __all__ = [
     "Step",
     "StepStatus",
     "Worker",
+    "held_step_status",
 ]

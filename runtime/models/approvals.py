@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from runtime.models.runs import Effect, Run, Step
+from runtime.models.runs import Effect, Run, Step, StepStatus
 
 
 class ApprovalKind(models.TextChoices):
@@ -12,6 +12,15 @@ class ApprovalKind(models.TextChoices):
     INTERRUPTED_SIDE_EFFECT = "interrupted_side_effect"
     RECONCILE = "reconcile"
     RESTORED = "restored"  # the database was restored: this call may have happened after it
+
+
+def held_step_status(kind: str, attempt: int) -> str:
+    """The status of the step an approval of ``kind`` holds: a policy approval asks before the
+    call ever started (waiting); a restored one waits too unless the step had started before
+    (interrupted), as every other kind. The loop pauses and replay reads back by this rule."""
+    if kind == ApprovalKind.POLICY or (kind == ApprovalKind.RESTORED and not attempt):
+        return StepStatus.WAITING
+    return StepStatus.INTERRUPTED
 
 
 class ApprovalStatus(models.TextChoices):

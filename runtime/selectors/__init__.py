@@ -11,6 +11,7 @@ here, so ``from runtime import selectors`` reads them all.
 from runtime.selectors.approvals import (
     QUEUE_FIELDS,
     QUEUE_SORTS,
+    approval_after_restore,
     approval_decisions,
     approval_for_page,
     approval_is_policy,
@@ -46,6 +47,7 @@ __all__ = [
     "QUEUE_SORTS",
     "Tail",
     "agents_without_live_worker",
+    "approval_after_restore",
     "approval_decisions",
     "approval_for_page",
     "approval_is_policy",

@@ -105,6 +105,12 @@ def approval_outcome_unknown(approval: Approval) -> bool:
     return approval_resolvable(approval) and approval.effect == Effect.SIDE_EFFECT
 
 
+def approval_after_restore(approval: Approval) -> bool:
+    """Whether the question is one a restore raised: the run may have made the call (or later
+    ones) after the backup's moment, whether or not the call had started before it."""
+    return approval.kind == ApprovalKind.RESTORED
+
+
 def approval_is_policy(approval: Approval) -> bool:
     """A policy approval asks before a first call; the others ask about an interrupted one."""
     return approval.kind == ApprovalKind.POLICY

@@ -32,6 +32,7 @@ class EventKind(StrEnum):
     RUN_SUCCEEDED = "run.succeeded"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
+    RUN_RESTORED = "run.restored"
     LEASE_TAKEN = "lease.taken"
     LEASE_TAKEN_OVER = "lease.taken_over"
     LEASE_RELEASED = "lease.released"

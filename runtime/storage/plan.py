@@ -81,6 +81,16 @@ class ApprovalMove:
     expired_by: datetime | None = None
 
 
+@dataclass(frozen=True)
+class StandingGuard:
+    """A schedule's standing authorization that let this commit start a side effect: checked
+    again inside the commit's transaction (the schedule row locked where rows lock), so one
+    turned off in the instant before cannot let a start through."""
+
+    schedule_id: int
+    authorized_at: datetime
+
+
 @dataclass
 class Plan:
     """One commit of one run: its events and row changes, and the fence they are written on."""
@@ -97,7 +107,15 @@ class Plan:
     step_updates: dict[int, tuple[Step, dict[str, Any]]] = field(default_factory=dict)
     approval_create: ApprovalDraft | None = None
     approval_moves: list[ApprovalMove] = field(default_factory=list)
+    standing: StandingGuard | None = None
     after: list[tuple[CrashPoint, int | None]] = field(default_factory=list)
+
+    @property
+    def in_orm(self) -> bool:
+        """Whether the commit writes or reads rows through the ORM in its transaction (an
+        approval, a standing authorization): not one for the lean or grouped paths."""
+        return (self.approval_create is not None or bool(self.approval_moves)
+                or self.standing is not None)
 
     def event(self, kind: str, payload: dict[str, Any], step: int | None = None, *,
               actor: str | None = None) -> dict:

@@ -13,7 +13,7 @@ from runtime import start
 from runtime.agents.agent import registry
 from runtime.models import Run
 from runtime.models import Worker as WorkerRow
-from runtime.storage.sqlite.checkpointer import Checkpointer
+from runtime.storage.sqlite.checkpointer import PASS_COMMITS, PASS_SECONDS, Checkpointer
 from tests import agents
 from tests.kit import Background
 
@@ -91,3 +91,17 @@ def test_a_busy_workers_wal_stays_bounded(sqlite_path, tmp_path, spawn):
                       worker.output())
     assert found is not None and int(found[2]) > 0, worker.output()[-2000:]
     assert wal < 16 * 1024 * 1024, f"WAL of {wal} bytes"
+
+
+def test_passes_are_paced_by_this_processs_commits_not_by_the_clock(sqlite_path):
+    """A pass that finds new pages syncs twice: a worker with one slow run in flight must not
+    pay that on every tick for a page or two."""
+    checkpointer = Checkpointer(interval=3600)
+    start_at = checkpointer._last
+    assert not checkpointer.due(now=start_at + 10 * PASS_SECONDS)  # nothing written: never
+    _write(1, "one")
+    assert not checkpointer.due(now=start_at + PASS_SECONDS / 2)  # one commit: not yet...
+    assert checkpointer.due(now=start_at + PASS_SECONDS)  # ...but within PASS_SECONDS
+    for i in range(PASS_COMMITS):
+        _write(1, f"many{i}")
+    assert checkpointer.due(now=start_at)  # enough commits: at once

@@ -37,7 +37,9 @@ def test_every_variable_is_checked_or_free_text_on_purpose():
         "RUNTIME_LLM_MODEL", "RUNTIME_LLM_API_KEY", "DJANGO_SECRET_KEY", "CONSOLE_CHECK_URL",
         "EMAIL_HOST", "EMAIL_HOST_USER", "EMAIL_HOST_PASSWORD", "DEFAULT_FROM_EMAIL",
         "RUNTIME_DEMO_DIR", "CONSOLE_PASSWORD", "RUNTIME_AGENTS", "DJANGO_ALLOWED_HOSTS",
-        "DJANGO_CSRF_TRUSTED_ORIGINS"} == FREE_TEXT
+        "DJANGO_CSRF_TRUSTED_ORIGINS",
+        "RUNTIME_CHECKPOINT_DIR",
+        } == FREE_TEXT
 
 
 @pytest.mark.parametrize("name", sorted(BAD))

@@ -44,6 +44,7 @@ from runtime.audit.chain import verify
 from runtime.clock import SYSTEM_CLOCK, ManualClock
 from runtime.crashpoints import CrashPoint
 from runtime.errors import InvalidSchedule, RunNotResumable, ScheduleNotFound
+from runtime.loop import execution
 from runtime.models import Approval, Event, Run, Schedule, ScheduleEvent
 from runtime.schedules.authorization import standing_authorization
 from runtime.schedules.changes import (
@@ -510,6 +511,30 @@ def test_no_pass_for_a_run_left_over_from_an_earlier_firing(database, tmp_path, 
         _asks_a_person(first, clock, ledger)
         _passes(second, clock, ledger)
     assert [c["run"] for c in ledger.calls("charge")] == [second.pk]
+
+
+def test_an_authorization_turned_off_as_the_start_commits_lets_nothing_through(
+        database, tmp_path, clock, monkeypatch):
+    """The grant is read before the start's commit and checked again inside it: turned off in
+    between, the start is not written and a person is asked."""
+    ledger = Ledger(tmp_path / "ledger")
+    read_grant = execution.standing_authorization
+
+    def read_then_turn_off(run, now):
+        found = read_grant(run, now)
+        schedule_authorize(run.schedule_id, False, by="erin", now=now)  # in that instant
+        return found
+
+    monkeypatch.setattr(execution, "standing_authorization", read_then_turn_off)
+    with registry.override(_gated("instant", ledger)):
+        s = schedule_create("nightly", "instant", {}, by="alice", now=clock.now(),
+                            interval_seconds=3600)
+        schedule_authorize(s.pk, True, by="carol", now=clock.now())
+        run = _fire_one(clock, s)
+        approval = _asks_a_person(run, clock, ledger)
+    assert approval.step.attempt == 0 and approval.step.status == "waiting"
+    assert ledger.count("charge") == 0
+    assert not Schedule.objects.get(pk=s.pk).authorize_side_effects
 
 
 def test_no_pass_after_the_authorization_is_turned_off(database, tmp_path, clock):

@@ -13,7 +13,8 @@ from django.db import connection
 
 from runtime import conf, crashpoints
 from runtime.agents.agent import registry
-from runtime.errors import UnknownAgent
+from runtime.backups.behind import database_behind_check
+from runtime.errors import CheckpointRefused, DatabaseBehind, UnknownAgent
 from runtime.host.cpu import parse_cpu
 from runtime.metrics import serve_process_metrics
 from runtime.worker.process import WorkerProcess
@@ -68,6 +69,10 @@ class Command(BaseCommand):
         logging.getLogger("runtime").setLevel(LEVELS.get(opts["verbosity"], logging.INFO))
         logging.getLogger("runtime.events").setLevel(
             EVENT_LEVELS.get(opts["verbosity"], logging.INFO))
+        try:  # a database restored by hand and not fenced could repeat side effects
+            database_behind_check()
+        except (DatabaseBehind, CheckpointRefused) as exc:
+            raise CommandError(str(exc)) from None
         if opts["metrics_port"] is not None:
             try:
                 serve_process_metrics(opts["metrics_port"], opts["metrics_addr"])

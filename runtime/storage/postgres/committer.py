@@ -25,6 +25,7 @@ from runtime.models import Event, Step
 from runtime.storage.approval_rows import write_approvals_in_tx
 from runtime.storage.base import Committed, Refused, commit_each, database_time, fill
 from runtime.storage.events import build_events
+from runtime.storage.guards import standing_check_in_tx
 from runtime.storage.leases import lease_live_sql
 from runtime.storage.plan import Plan
 from runtime.storage.postgres.background import PostgresWorkerStorage
@@ -75,8 +76,8 @@ class PostgresEngine:
 
     def commit(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]
-        if (plan.approval_create is not None or plan.approval_moves or db.in_atomic_block
-                or crashpoints.is_armed()):  # armed: the in-transaction crash point needs one
+        # (armed: the in-transaction crash point needs a transaction)
+        if plan.in_orm or db.in_atomic_block or crashpoints.is_armed():
             with transaction.atomic():
                 return self.apply_in_tx(plan, clock)
         return self._execute(db, plan, clock)
@@ -87,6 +88,7 @@ class PostgresEngine:
         return commit_each(self, plans, clock)
 
     def apply_in_tx(self, plan: Plan, clock: Any) -> Committed:
+        standing_check_in_tx(plan, lock=True)
         write_approvals_in_tx(plan)
         committed = self._execute(connections[DEFAULT_DB_ALIAS], plan, clock)
         crashpoints.reached(CrashPoint.IN_TRANSACTION, run_id=plan.run_id,

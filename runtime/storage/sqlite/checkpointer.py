@@ -11,12 +11,19 @@ writer finds it wholly copied, which a stream of writers never lets happen; so o
 holding the writer queue (no writer between), and the next writer starts the WAL over: the
 bulk of the copying stays outside the lock and the WAL stays bounded. Other processes (the
 console, ``runagent``) keep SQLite's automatic checkpoint.
+
+A pass that finds new pages syncs twice (the WAL, then the database file), so passes are paced
+by this process's own commits: one once ``PASS_COMMITS`` write transactions have come since the
+last, or ``PASS_SECONDS`` after it if any have. A busy worker still checkpoints every tick; a
+worker with one slow run in flight no longer pays two syncs a tick for a page or two (a step
+cost 5.3 syncs instead of 2 when every tick synced).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import cast
 
@@ -24,12 +31,14 @@ from django.db import connection
 
 from runtime.storage.faults import DATABASE_FAULTS
 from runtime.storage.sqlite.base import DatabaseWrapper as QueuedSQLite
-from runtime.storage.sqlite.base import set_autocheckpoint
+from runtime.storage.sqlite.base import set_autocheckpoint, writer_stats
 
 log = logging.getLogger("runtime.checkpointer")
 
 INTERVAL_SECONDS = 0.1
 RESTART_PAGES = 1_000  # SQLite's own automatic checkpoint threshold
+PASS_COMMITS = 64  # write transactions since the last pass that make the next one due
+PASS_SECONDS = 2.0  # ...or this long since it, with at least one
 
 
 @dataclass
@@ -47,6 +56,8 @@ class Checkpointer:
         self.interval = interval
         self.stats = CheckpointStats()
         self._stop = threading.Event()
+        self._seen = writer_stats().transactions  # this process's commits at the last pass
+        self._last = time.monotonic()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="checkpointer")
 
     def start(self) -> None:
@@ -73,6 +84,14 @@ class Checkpointer:
             self.stats.restarts += 1
         return busy, wal, done
 
+    def due(self, now: float | None = None) -> bool:
+        """Whether this process has committed enough since the last pass to pay its syncs."""
+        new = writer_stats().transactions - self._seen
+        if new <= 0:
+            return False
+        now = time.monotonic() if now is None else now
+        return new >= PASS_COMMITS or now - self._last >= PASS_SECONDS
+
     def _passive(self) -> tuple[int, int, int]:
         with connection.cursor() as cursor:
             busy, wal, done = cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
@@ -83,6 +102,9 @@ class Checkpointer:
     def _loop(self) -> None:
         try:
             while not self._stop.wait(self.interval):
+                if not self.due():
+                    continue
+                self._seen, self._last = writer_stats().transactions, time.monotonic()
                 try:
                     self.tick()
                 except DATABASE_FAULTS as exc:  # the next tick tries again

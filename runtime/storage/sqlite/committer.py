@@ -19,6 +19,7 @@ from runtime.crashpoints import CrashPoint
 from runtime.storage.approval_rows import write_approvals_in_tx
 from runtime.storage.base import Committed, Refused, commit_each, fill
 from runtime.storage.events import build_events
+from runtime.storage.guards import standing_check_in_tx
 from runtime.storage.leases import lease_live_sql
 from runtime.storage.plan import Plan
 from runtime.storage.sql import (
@@ -146,7 +147,7 @@ class SqliteEngine:
     def commit(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]
         prepared = None if plan.approval_create else self._prepare(db, plan)
-        lean = plan.approval_create is None and not plan.approval_moves
+        lean = not plan.in_orm
         if lean and groups(db):  # applied on the leader's thread, with its connection
             committer = group_committer(absolute(db.settings_dict["NAME"]))
             return committer.commit(Ticket(plan, partial(self._apply_here, plan, clock,
@@ -159,7 +160,7 @@ class SqliteEngine:
         with whatever the process's runs commit meanwhile; each plan's result or error
         (``Refused`` where its fence no longer holds)."""
         db = connections[DEFAULT_DB_ALIAS]
-        if not groups(db) or any(p.approval_create or p.approval_moves for p in plans):
+        if not groups(db) or any(p.in_orm for p in plans):
             return commit_each(self, plans, clock)  # inside the caller's transaction
         tickets = [Ticket(plan, partial(self._apply_here, plan, clock, self._prepare(db, plan)))
                    for plan in plans]
@@ -196,6 +197,8 @@ class SqliteEngine:
     def _apply(self, db: Any, plan: Plan, clock: Any, prepared: tuple | None,
                tx: _GroupTx | None = None) -> Committed:
         now = clock.now()  # inside the transaction: a time read before the lock is stale
+        if plan.standing is not None:
+            standing_check_in_tx(plan, lock=False)  # the write lock keeps every writer out
         if plan.approval_create is not None or plan.approval_moves:
             write_approvals_in_tx(plan)
         if prepared is None:

@@ -1,0 +1,140 @@
+"""Consistent online copies of the database, and writing one back, on each engine.
+
+SQLite: SQLite's online backup API copies the database from one read transaction (a consistent
+snapshot while workers write) into a private temporary file that is synced and renamed into
+place, so a backup is whole or absent. Restoring goes the other way through the same API, as
+one write transaction on the live database: a console still connected sees the old data or the
+new, never a mixture, and the write-ahead log stays consistent (no file is swapped under it).
+
+PostgreSQL: ``pg_dump --format=custom`` (a consistent snapshot of its own) to a temporary file,
+renamed into place; restoring is ``pg_restore --clean --if-exists --single-transaction``, so a
+failed restore leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from django.db import connections
+
+from runtime.errors import RestoreRefused
+from runtime.host.files import database_path, open_private
+
+PG_TIMEOUT = 6 * 3600  # seconds: a dump or restore that takes longer is stuck
+
+
+def vendor(using: str = "default") -> str:
+    return str(connections[using].vendor)
+
+
+def temporary_beside(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def finish_file(temporary: Path, path: Path) -> None:
+    """Sync ``temporary`` (0600), rename it to ``path`` and sync the directory."""
+    os.chmod(temporary, 0o600)
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    _sync_dir(path)
+
+
+def copy_out(path: Path, using: str = "default") -> None:
+    """Write a consistent copy of the live database to ``path`` (0600, whole or absent)."""
+    temporary = temporary_beside(path)
+    os.close(open_private(temporary, os.O_WRONLY | os.O_TRUNC))
+    try:
+        if vendor(using) == "sqlite":
+            source = sqlite3.connect(_sqlite_file(using), timeout=60)
+            target = sqlite3.connect(temporary)
+            try:
+                source.backup(target)  # every page in one step: one read snapshot
+            finally:
+                target.close()
+                source.close()
+        else:
+            _pg_tool(["pg_dump", "--format=custom", "--file", str(temporary)], using)
+        finish_file(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def copy_in(path: Path, using: str = "default") -> None:
+    """Replace the live database's content with the backup at ``path`` (one transaction)."""
+    if vendor(using) == "sqlite":
+        check_sqlite_backup(path)
+        connections[using].close()
+        source = sqlite3.connect(path, timeout=60)
+        target = sqlite3.connect(_sqlite_file(using), timeout=60)
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+            source.close()
+    else:
+        _pg_tool(["pg_restore", "--clean", "--if-exists", "--single-transaction",
+                  "--exit-on-error", str(path)], using, database_flag=True)
+        connections[using].close()
+
+
+def check_sqlite_backup(path: Path) -> None:
+    """Refuse a file that is not a whole SQLite backup of this runtime."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+        try:
+            verdict = db.execute("PRAGMA quick_check").fetchone()
+            tables = {r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise RestoreRefused(str(path), f"not a SQLite database ({exc})") from None
+    if not verdict or verdict[0] != "ok":
+        raise RestoreRefused(str(path), f"the copy is damaged: {verdict[0] if verdict else '?'}")
+    if not {"runtime_run", "runtime_event"} <= tables:
+        raise RestoreRefused(str(path), "not a backup of this runtime's database")
+
+
+def _sqlite_file(using: str) -> str:
+    found = database_path(connections[using].settings_dict["NAME"])
+    if found is None:
+        raise RestoreRefused("", "an in-memory database has nothing to back up or restore")
+    return str(found)
+
+
+def _pg_tool(argv: list[str], using: str, *, database_flag: bool = False) -> None:
+    """Run a PostgreSQL client tool against ``using``'s database (its settings as libpq's
+    environment, never on the command line where ``ps`` shows them)."""
+    settings: dict[str, Any] = connections[using].settings_dict
+    env = {**os.environ, "PGDATABASE": str(settings["NAME"])}
+    for key, var in (("HOST", "PGHOST"), ("PORT", "PGPORT"), ("USER", "PGUSER"),
+                     ("PASSWORD", "PGPASSWORD")):
+        if settings.get(key):
+            env[var] = str(settings[key])
+    if database_flag:
+        argv = [*argv[:1], "--dbname", str(settings["NAME"]), *argv[1:]]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=PG_TIMEOUT,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RestoreRefused("", f"{argv[0]} could not run: {exc}") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RestoreRefused("", f"{argv[0]} failed ({done.returncode}): {' / '.join(tail)}")
