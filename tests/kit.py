@@ -3,10 +3,13 @@ is the crash test kit's, ``runtime.testkit.Ledger``)."""
 
 from __future__ import annotations
 
+import io
 import threading
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from runtime import (
     Agent,
@@ -162,3 +165,18 @@ def snapshot(run_id: int) -> tuple:
         list(Event.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "kind",
                                                                               "hash")),
     )
+
+
+def verifyaudit(*args: str) -> str:
+    """``manage.py verifyaudit`` with ``args``: what it printed (it must pass)."""
+    out = io.StringIO()
+    call_command("verifyaudit", *args, stdout=out, stderr=out)
+    return out.getvalue()
+
+
+def broken(*args: str) -> str:
+    """verifyaudit's complaints; fails the test if it says all is well."""
+    err = io.StringIO()
+    with pytest.raises(CommandError, match=r"problem"):
+        call_command("verifyaudit", *args, stdout=io.StringIO(), stderr=err)
+    return err.getvalue()

@@ -18,7 +18,6 @@ import json
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -26,7 +25,7 @@ from django.db import IntegrityError, transaction
 from runtime.canonical import chain_hash, dumps, iso_time
 from runtime.conf import setting
 from runtime.errors import AuditKeyError, CheckpointRefused
-from runtime.host.files import open_private
+from runtime.host.files import write_whole
 from runtime.models import AuditCheckpoint, Event, PrunedRun, Run, RunCreation
 from runtime.storage.creations import creations_head
 
@@ -97,18 +96,7 @@ def checkpoint_take(*, by: str, now: datetime, using: str = "default") -> dict[s
 
 def checkpoint_write(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write the checkpoint to ``path`` (0600, whole or not at all: a temporary file renamed)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = open_private(temporary, os.O_WRONLY | os.O_TRUNC)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(doc, separators=(",", ":")) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_whole(path, [(json.dumps(doc, separators=(",", ":")) + "\n").encode()])
 
 
 def checkpoint_load(path: str | os.PathLike[str]) -> dict[str, Any]:

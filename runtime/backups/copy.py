@@ -22,37 +22,13 @@ from typing import Any
 from django.db import connections
 
 from runtime.errors import RestoreRefused
-from runtime.host.files import database_path, open_private
+from runtime.host.files import database_path, open_private, publish, temporary_beside
 
 PG_TIMEOUT = 6 * 3600  # seconds: a dump or restore that takes longer is stuck
 
 
 def vendor(using: str = "default") -> str:
     return str(connections[using].vendor)
-
-
-def temporary_beside(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def finish_file(temporary: Path, path: Path) -> None:
-    """Sync ``temporary`` (0600), rename it to ``path`` and sync the directory."""
-    os.chmod(temporary, 0o600)
-    fd = os.open(temporary, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-    _sync_dir(path)
 
 
 def copy_out(path: Path, using: str = "default") -> None:
@@ -70,7 +46,7 @@ def copy_out(path: Path, using: str = "default") -> None:
                 source.close()
         else:
             _pg_tool(["pg_dump", "--format=custom", "--file", str(temporary)], using)
-        finish_file(temporary, path)
+        publish(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

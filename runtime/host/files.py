@@ -37,13 +37,14 @@ database between machines.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import re
 import secrets
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -111,6 +112,54 @@ def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR) -> int:
             return os.open(path, flags | os.O_CLOEXEC)
         except FileNotFoundError:
             continue  # removed between the two opens: create it after all
+
+
+def sync_directory(path: Path) -> None:
+    """Sync ``path``'s directory, so a rename into it is on disk."""
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(temporary: Path, path: Path) -> None:
+    """Make the written ``temporary`` the file ``path``, whole or not at all: synced, 0600,
+    renamed over ``path``, the rename synced."""
+    os.chmod(temporary, PRIVATE_FILE)
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    sync_directory(path)
+
+
+def temporary_beside(path: Path) -> Path:
+    """A name for the temporary file ``path`` is written as (hidden, this process's own)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_whole(path: str | os.PathLike[str], chunks: Iterable[bytes], *,
+                temporary: Path | None = None) -> str:
+    """Write ``chunks`` to ``path`` (0600) whole or not at all (a temporary file beside it,
+    synced, renamed, the rename synced); the SHA-256 of what was written. A fixed
+    ``temporary`` name lets the next writer replace what a killed one left."""
+    path = Path(path)
+    temporary = temporary or temporary_beside(path)
+    digest = hashlib.sha256()
+    fd = open_private(temporary, os.O_WRONLY | os.O_TRUNC)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                digest.update(chunk)
+                fh.write(chunk)
+        publish(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return digest.hexdigest()
 
 
 def private_file(path: str | os.PathLike[str]) -> bool:

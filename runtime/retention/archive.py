@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
@@ -25,7 +24,7 @@ from django.db import models
 from runtime.audit.chain import EVENT_COLUMNS
 from runtime.canonical import iso_time
 from runtime.errors import ArchiveRefused
-from runtime.host.files import open_private
+from runtime.host.files import write_whole
 from runtime.models import (
     Approval,
     Event,
@@ -116,28 +115,9 @@ def archive_write(path: Path, header: dict[str, Any], records: list[dict[str, An
     """Write the header and records to ``path`` (0600, whole: a temporary file synced, then
     renamed, then the directory synced); returns the file's SHA-256. A file of that name left
     by an interrupted prune is replaced."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    digest = hashlib.sha256()
-    fd = open_private(temporary, os.O_WRONLY | os.O_TRUNC)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for item in (header, *records):
-                line = (json.dumps(item, separators=(",", ":"), allow_nan=False)
-                        + "\n").encode()
-                digest.update(line)
-                fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)  # the rename itself is on disk before any run is removed
-    finally:
-        os.close(directory)
-    return digest.hexdigest()
+    return write_whole(path, ((json.dumps(item, separators=(",", ":"), allow_nan=False)
+                               + "\n").encode() for item in (header, *records)),
+                       temporary=path.with_name(f".{path.name}.tmp"))
 
 
 def archive_load(path: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:

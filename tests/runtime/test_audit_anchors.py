@@ -30,7 +30,7 @@ from runtime.models import Approval, AuditCheckpoint, Event, Run, RunCreation, S
 from runtime.storage.creations import creation_hash
 from runtime.storage.events import event_hash
 from runtime.storage.triggers import APPEND_ONLY_TABLES, expected_triggers
-from tests.kit import Ledger, make_agent, make_tools
+from tests.kit import Ledger, broken, make_agent, make_tools, verifyaudit
 
 pytestmark = pytest.mark.engines
 
@@ -65,20 +65,6 @@ def runs(database, tmp_path, clock):
     assert [r.status for r in done] == ["succeeded"] * 4
     verifyaudit()  # the untouched record is clean
     return done
-
-
-def verifyaudit(*args: str) -> str:
-    out = io.StringIO()
-    call_command("verifyaudit", *args, stdout=out, stderr=out)
-    return out.getvalue()
-
-
-def broken(*args: str) -> str:
-    """verifyaudit's complaints; fails the test if it says all is well."""
-    err = io.StringIO()
-    with pytest.raises(CommandError, match=r"problem"):
-        call_command("verifyaudit", *args, stdout=io.StringIO(), stderr=err)
-    return err.getvalue()
 
 
 def checkpoint(tmp_path, name: str = "cp.json") -> str:

@@ -49,7 +49,7 @@ from runtime.models import (
 )
 from runtime.retention.archive import archive_load, archive_name
 from runtime.retention.prune import runs_prune
-from tests.kit import Ledger, make_agent, make_tools
+from tests.kit import Ledger, broken, make_agent, make_tools, verifyaudit
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines
@@ -122,19 +122,6 @@ def delivered(run_id: int) -> None:
                                            ok=True, status_code=200)
         Notification.objects.filter(pk=note.pk).update(status="delivered", attempts=1,
                                                        delivered_at=note.created_at)
-
-
-def verifyaudit(*args: str) -> str:
-    out = io.StringIO()
-    call_command("verifyaudit", *args, stdout=out, stderr=out)
-    return out.getvalue()
-
-
-def broken(*args: str) -> str:
-    err = io.StringIO()
-    with pytest.raises(CommandError, match=r"problem"):
-        call_command("verifyaudit", *args, stdout=io.StringIO(), stderr=err)
-    return err.getvalue()
 
 
 def prune(*args: str) -> str:
