@@ -312,6 +312,12 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         f"(LLM {r['wait_ms']:.0f} ms)", top["percent_of_ideal"] >= 80,
         f"{top['steps_per_s']:.0f} of {top['ideal_steps_per_s']:.0f} steps/s = "
         f"{top['percent_of_ideal']:.0f}%")
+    one = at.get(1)
+    if one is not None and one.get("fsyncs_per_step") is not None:
+        # A step is two commits, each one sync; the checkpointer's passes add a little.
+        commits = one.get("commits_per_step") or 0
+        add("fsyncs per step at one in flight (LLM wait) <= 2.6", one["fsyncs_per_step"] <= 2.6,
+            f"{one['fsyncs_per_step']:.2f} ({commits:.2f} commits per step)")
     nw = {x["in_flight"]: x for x in r["nowait"]}
     if 1 in nw and 16 in nw:
         add("no wait: 16 in flight >= 2 x one in flight", nw[16]["ratio"] >= 2,
