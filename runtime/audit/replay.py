@@ -154,6 +154,7 @@ def _run_created(f: _Folding, step: StepState | None, p: dict[str, Any], at: dat
     run.schedule_id = origin.get("id")
     run.occurrence_at = parse_time(origin.get("occurrence"))
     run.authorized_at = parse_time(origin.get("authorized_at"))
+    run.restored_at = parse_time(p.get("restored_at"))
 
 
 def _run_running(f: _Folding, step: StepState | None, p: dict[str, Any], at: datetime) -> None:

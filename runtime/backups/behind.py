@@ -10,6 +10,7 @@ acknowledged, and only a newer one is compared again.
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import datetime
 from pathlib import Path
@@ -18,10 +19,13 @@ from typing import Any
 from runtime.audit.checkpoint import checkpoint_load, checkpoint_verify
 from runtime.canonical import parse_time
 from runtime.conf import setting
-from runtime.errors import CheckpointRefused, DatabaseBehind
+from runtime.errors import AuditKeyError, CheckpointRefused, DatabaseBehind
 from runtime.models import Restoration
 
 SUFFIX = ".checkpoint.json"
+TRIED = 5  # the newest files opened at most, each read whole and its signature checked
+
+log = logging.getLogger("runtime.worker")
 
 
 def checkpoint_dir() -> Path | None:
@@ -30,21 +34,19 @@ def checkpoint_dir() -> Path | None:
 
 
 def newest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest readable checkpoint in ``directory`` (by the time it records); a file that is
-    not one (or signed with another key) raises ``CheckpointRefused``."""
-    best: tuple[datetime, Path, dict[str, Any]] | None = None
+    """The newest readable checkpoint in ``directory``: its files named so that they sort by
+    time (``backup`` and the documented cron line use ISO times), only the newest few opened.
+    A file that is not one, or signed with another key, is logged and passed over."""
     try:
-        names = sorted(os.listdir(directory))
+        names = sorted((n for n in os.listdir(directory) if n.endswith(SUFFIX)), reverse=True)
     except FileNotFoundError:
         return None
-    for name in names:
-        if not name.endswith(SUFFIX):
-            continue
-        doc = checkpoint_load(directory / name)
-        at = parse_time(doc.get("at"))
-        if at is not None and (best is None or at > best[0]):
-            best = (at, directory / name, doc)
-    return None if best is None else (best[1], best[2])
+    for name in names[:TRIED]:
+        try:
+            return directory / name, checkpoint_load(directory / name)
+        except CheckpointRefused as exc:
+            log.warning("checkpoint %s passed over: %s", name, exc.reason)
+    return None
 
 
 def acknowledged_until() -> datetime | None:
@@ -79,6 +81,6 @@ def newest_checkpoint_time() -> datetime | None:
         return None
     try:
         found = newest_checkpoint(directory)
-    except CheckpointRefused:
+    except AuditKeyError:  # no key here: nothing can be read, nothing acknowledged
         return None
     return None if found is None else parse_time(found[1].get("at"))

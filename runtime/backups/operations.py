@@ -18,12 +18,15 @@ from django.db import DatabaseError
 
 from runtime.audit.checkpoint import audit_key, checkpoint_take, checkpoint_write
 from runtime.backups.behind import SUFFIX, checkpoint_dir, newest_checkpoint_time
-from runtime.backups.copy import copy_in, copy_out, vendor
+from runtime.backups.copy import copy_in, copy_out, sqlite_file, vendor
 from runtime.backups.fence import restore_fence
+from runtime.backups.pending import restore_pending_clear, restore_pending_set
 from runtime.canonical import iso_time
-from runtime.errors import AuditKeyError, RestoreRefused
+from runtime.errors import AuditKeyError, RestoreRefused, one_line
 from runtime.models import Backup, Restoration
 from runtime.selectors.workers import live_workers
+
+LIVE_FILES = ("", "-wal", "-shm", "-journal", ".writer", ".restoring")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ def backup_take(path: str | Path, *, by: str, now: datetime) -> BackupTaken:
         raise RestoreRefused(str(path), "is a directory; give the backup file's path")
     if not path.parent.is_dir():
         raise RestoreRefused(str(path), "its directory does not exist")
+    if vendor() == "sqlite":
+        live = Path(sqlite_file("default")).resolve()
+        if path.resolve() in {Path(f"{live}{tail}") for tail in LIVE_FILES}:
+            raise RestoreRefused(str(path), "is the live database or one of its files; write "
+                                 "the backup somewhere else (ideally another disk)")
     Backup.objects.create(taken_at=now, by=by, engine=vendor(), path=str(path)[:1000])
     checkpoint = None
     try:
@@ -59,23 +67,40 @@ def backup_take(path: str | Path, *, by: str, now: datetime) -> BackupTaken:
 
 def backup_restore(path: str | Path, *, by: str, now: datetime,
                    taken_at: datetime | None = None) -> Restoration:
-    """Write the backup at ``path`` over the database, migrate it and fence it."""
+    """Write the backup at ``path`` over the database, migrate it and fence it. The database
+    is marked as being restored first (``runtime.backups.pending``): if anything stops the
+    restore after the copy, workers refuse to start until ``restore --acknowledge``."""
     path = Path(path)
     if not path.is_file():
         raise RestoreRefused(str(path), "no such backup file")
+    checkpoint_at = newest_checkpoint_time()  # everything that can be asked, before any change
     refuse_while_workers_live(now)
-    copy_in(path)
-    call_command("migrate", verbosity=0, interactive=False)
-    return restore_fence(by=by, now=now, taken_at=taken_at,
-                         checkpoint_at=newest_checkpoint_time())
+    restore_pending_set()
+    try:
+        copy_in(path)  # one transaction: refused or failed, the database is as it was
+    except BaseException:
+        restore_pending_clear()
+        raise
+    try:
+        call_command("migrate", verbosity=0, interactive=False)
+        done = restore_fence(by=by, now=now, taken_at=taken_at, checkpoint_at=checkpoint_at)
+    except Exception as exc:
+        raise RestoreRefused(str(path), f"the backup was written over the database but not "
+                             f"fenced ({one_line(exc)}); workers refuse to start until "
+                             "`manage.py restore --acknowledge` fences it") from exc
+    restore_pending_clear()
+    return done
 
 
 def backup_acknowledge(*, by: str, now: datetime,
                        taken_at: datetime | None = None) -> Restoration:
-    """Fence a database someone restored by other means (a file copied back, a dump loaded)."""
+    """Fence a database someone restored by other means (a file copied back, a dump loaded),
+    or one whose restore stopped before its fence."""
+    checkpoint_at = newest_checkpoint_time()
     refuse_while_workers_live(now)
-    return restore_fence(by=by, now=now, taken_at=taken_at,
-                         checkpoint_at=newest_checkpoint_time())
+    done = restore_fence(by=by, now=now, taken_at=taken_at, checkpoint_at=checkpoint_at)
+    restore_pending_clear()
+    return done
 
 
 def refuse_while_workers_live(now: datetime) -> None:

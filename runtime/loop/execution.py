@@ -232,6 +232,7 @@ class Execution:
                 return None
             # Design §10: the person who authorized the schedule approved this ahead of time,
             # if the grant still stands when the start commits (checked inside its commit).
+            mark = plan.mark()
             plan.event("side_effect.auto_confirmed", {
                 "reason": "standing authorization", "title": verdict.title, "tool": tool.name,
                 **standing}, step.index, actor=f"schedule:{standing['schedule']}")
@@ -240,9 +241,10 @@ class Execution:
             before = step.status, step.attempt, step.dispatches
             try:
                 return self.start_tool(plan, step, tool, approval)
-            except AuthorizationWithdrawn:  # nothing was written: ask a person after all
-                step.status, step.attempt, step.dispatches = before
-                self.pause(self.plan(), step, ApprovalKind.POLICY, verdict.title,
+            except AuthorizationWithdrawn:  # nothing was written: ask a person after all,
+                step.status, step.attempt, step.dispatches = before  # in the same commit as
+                plan.rewind(mark)  # the step's decision, if this plan carries it
+                self.pause(plan, step, ApprovalKind.POLICY, verdict.title,
                            verdict.detail, StepStatus.WAITING,
                            expires_in=expiry_seconds(verdict.expires_in))
                 return None

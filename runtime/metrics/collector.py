@@ -5,17 +5,16 @@ lease takeovers, and the notification outbox.
 Read at scrape time rather than counted by a process, so any console process gives the same
 answer and nothing is lost when a process restarts. Each family is one grouped query that an
 index serves (approvals by status, events by kind, notifications by status); Prometheus sees
-totals read from the tables as counters (they only fall when retention removes rows, which a
-``rate()`` reads as a reset).
+totals read from the tables as counters: retention adds what it removes to the retired totals
+(``runtime.retention.totals``), so they never fall.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, Sum
+from django.db.models import Count, Min
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,7 +24,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from runtime.approvals.rules import DECIDED_STATUS, Decision
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.meters import PREFIX
 from runtime.models import (
@@ -40,19 +38,17 @@ from runtime.models import (
     RunStatus,
     Worker,
 )
+from runtime.retention.totals import (
+    DECISION_BUCKETS,
+    FAILED_ATTEMPTS,
+    TAKEOVERS,
+    decided,
+    expiries,
+    failed_attempts,
+    retired,
+    takeovers,
+)
 from runtime.selectors.workers import worker_live
-from runtime.storage.events import EventKind
-
-# The decision each decided status records. An approved approval becomes ``consumed`` when
-# its call runs (only approved ones are consumed), so it still counts as approved.
-DECISION_OF_STATUS: dict[str, str] = {
-    **{str(status): str(decision) for decision, status in DECIDED_STATUS.items()},
-    ApprovalStatus.CONSUMED: Decision.APPROVE,
-}
-
-# Seconds from an approval's request to its decision: a person answers in minutes to days.
-DECISION_BUCKETS = (10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0, 3 * 86400.0,
-                    7 * 86400.0)
 
 
 def _age(now: datetime, since: datetime | None) -> float:
@@ -107,51 +103,32 @@ def approval_metrics(now: datetime) -> Iterator[Metric]:
     yield age
 
 
-@dataclass
-class _Decided:
-    """One decision's approvals: how many within each bucket's bound, in all, and the sum."""
-
-    within: list[int] = field(default_factory=lambda: [0] * len(DECISION_BUCKETS))
-    count: int = 0
-    seconds: float = 0.0
-
-
 def decision_metrics() -> Iterator[Metric]:
-    """Decisions by decision with their latency (request to decision), and expiries by kind."""
-    latency = ExpressionWrapper(F("decided_at") - F("created_at"), output_field=DurationField())
-    within = {f"le{i}": Count("pk", filter=Q(latency__lte=timedelta(seconds=bound)))
-              for i, bound in enumerate(DECISION_BUCKETS)}
-    rows = (Approval.objects.filter(status__in=list(DECISION_OF_STATUS),
-                                    decided_at__isnull=False)
-            .alias(latency=latency).values("status")
-            .annotate(n=Count("pk"), total=Sum("latency"), **within).order_by())
-    decided = {str(d): _Decided() for d in Decision}
-    for row in rows:
-        into = decided[DECISION_OF_STATUS[row["status"]]]
-        into.within = [a + row[f"le{i}"] for i, a in enumerate(into.within)]
-        into.count += row["n"]
-        into.seconds += row["total"].total_seconds() if row["total"] is not None else 0.0
+    """Decisions by decision with their latency (request to decision), and expiries by kind,
+    each with what retention removed (``runtime.retention.totals``)."""
+    gone = retired()
     total = CounterMetricFamily(f"{PREFIX}approval_decisions",
                                 "Approvals decided by a person, by decision (an approved one "
                                 "stays counted once its call ran).", labels=["decision"])
     seconds = HistogramMetricFamily(f"{PREFIX}approval_decision_seconds",
                                     "Seconds from an approval's request to its decision.",
                                     labels=["decision"])
-    for decision, d in decided.items():
-        total.add_metric([decision], d.count)
-        bounds = zip(DECISION_BUCKETS, d.within, strict=True)
+    for decision, d in decided(Approval.objects.all()).items():
+        count = d.count + gone.get(f"decisions:{decision}", 0)
+        within = [n + gone.get(f"decision_le{i}:{decision}", 0) for i, n in enumerate(d.within)]
+        total.add_metric([decision], count)
+        bounds = zip(DECISION_BUCKETS, within, strict=True)
         seconds.add_metric([decision], [*((floatToGoString(bound), n) for bound, n in bounds),
-                                        ("+Inf", d.count)], d.seconds)
+                                        ("+Inf", count)],
+                           d.seconds + gone.get(f"decision_seconds:{decision}", 0))
     yield total
     yield seconds
-    expired = dict(Approval.objects.filter(status=ApprovalStatus.EXPIRED).values("kind")
-                   .annotate(n=Count("pk")).order_by().values_list("kind", "n"))
-    expiries = CounterMetricFamily(f"{PREFIX}approval_expiries",
-                                   "Approvals that reached their deadline undecided, by kind.",
-                                   labels=["kind"])
-    for kind, n in _by(expired, [str(k) for k in ApprovalKind]):
-        expiries.add_metric([kind], n)
-    yield expiries
+    expiries_metric = CounterMetricFamily(f"{PREFIX}approval_expiries",
+                                          "Approvals that reached their deadline undecided, by "
+                                          "kind.", labels=["kind"])
+    for kind, n in expiries(Approval.objects.all()).items():
+        expiries_metric.add_metric([kind], n + gone.get(f"expiries:{kind}", 0))
+    yield expiries_metric
 
 
 def run_metric() -> Metric:
@@ -175,7 +152,7 @@ def worker_metric(now: datetime) -> Metric:
 
 def takeover_metric() -> Metric:
     """Lease takeovers recorded in the audit log (the events' (kind, at) index counts them)."""
-    n = Event.objects.filter(kind=EventKind.LEASE_TAKEN_OVER).count()
+    n = takeovers(Event.objects.all()) + retired().get(TAKEOVERS, 0)
     return CounterMetricFamily(f"{PREFIX}lease_takeovers",
                                "Runs taken over from an owner whose lease expired or who "
                                "was proved dead (lease.taken_over events).", value=n)
@@ -195,7 +172,8 @@ def outbox_metrics(now: datetime) -> Iterator[Metric]:
     yield CounterMetricFamily(f"{PREFIX}notification_attempts_failed",
                               "Delivery attempts that failed (each is retried with backoff "
                               "until the last).",
-                              value=NotificationAttempt.objects.filter(ok=False).count())
+                              value=failed_attempts(NotificationAttempt.objects.all())
+                              + retired().get(FAILED_ATTEMPTS, 0))
     yield GaugeMetricFamily(f"{PREFIX}notifications_given_up",
                             "Notifications given up on after their last attempt.",
                             value=Notification.objects.filter(

@@ -10,7 +10,7 @@ from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus, hel
 from runtime.models.audit import AuditCheckpoint, Event, RunCreation
 from runtime.models.backups import Backup, Restoration
 from runtime.models.notifications import Notification, NotificationAttempt, NotificationStatus
-from runtime.models.retention import PrunedRun, Pruning
+from runtime.models.retention import PrunedRun, Pruning, RetiredTotal
 from runtime.models.runs import (
     CANCELLABLE_RUN_STATUSES,
     IN_FLIGHT_STEP_STATUSES,
@@ -44,6 +44,7 @@ __all__ = [
     "PrunedRun",
     "Pruning",
     "Restoration",
+    "RetiredTotal",
     "Run",
     "RunCreation",
     "RunStatus",

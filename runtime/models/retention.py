@@ -49,3 +49,16 @@ class PrunedRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} pruned (#{self.pruning_seq})"
+
+
+class RetiredTotal(models.Model):
+    """What rows removed by retention had counted toward a total the metrics read from the
+    tables (takeovers, decisions and their latency, expiries, failed deliveries), added in the
+    transaction that removes them: a total read at scrape time then never falls, which
+    Prometheus would take for a counter reset (``runtime.retention.totals``)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    value = models.FloatField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.value:g}"

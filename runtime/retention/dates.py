@@ -14,7 +14,10 @@ def parse_before(text: str, now: datetime) -> datetime:
     text = text.strip()
     days = _DAYS.match(text)
     if days:
-        return now - timedelta(days=int(days.group(1)))
+        try:
+            return now - timedelta(days=int(days.group(1)))
+        except OverflowError:
+            raise ValueError(f"{text!r} is further back than any date") from None
     try:
         at = datetime.fromisoformat(text)
     except ValueError:

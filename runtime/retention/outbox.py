@@ -14,6 +14,7 @@ from django.db import transaction
 from runtime.conf import setting
 from runtime.errors import PruneRefused
 from runtime.models import Notification, NotificationAttempt, NotificationStatus
+from runtime.retention.totals import FAILED_ATTEMPTS, failed_attempts, retire_in_tx
 
 _DONE = (NotificationStatus.DELIVERED, NotificationStatus.FAILED)
 
@@ -41,8 +42,10 @@ def notifications_prune(*, before: datetime, now: datetime, batch: int = 500,
         if not ids:
             return notes, attempts
         with transaction.atomic(using=using):
-            attempts += NotificationAttempt.objects.using(using).filter(
-                notification_id__in=ids, notification__status__in=_DONE).delete()[0]
+            going = NotificationAttempt.objects.using(using).filter(
+                notification_id__in=ids, notification__status__in=_DONE)
+            retire_in_tx({FAILED_ATTEMPTS: failed_attempts(going)}, using)
+            attempts += going.delete()[0]
             notes += Notification.objects.using(using).filter(
                 pk__in=ids, status__in=_DONE).delete()[0]
         cursor = ids[-1]

@@ -54,6 +54,7 @@ from runtime.retention.archive import (
     runs_read,
 )
 from runtime.retention.record import next_pruning_seq, pruning_append_in_tx, pruning_fields
+from runtime.retention.totals import retire_in_tx, totals
 from runtime.retention.verify import record_head, record_problems
 
 DEFAULT_BATCH = 100
@@ -319,6 +320,11 @@ def runs_delete_in_tx(heads: list[list], events: int, using: str = "default") ->
         if cur.fetchone()[0]:
             raise PruneRefused("a notification about a run of this batch is being delivered "
                                "again; run prune again later")
+        retire_in_tx(totals(  # what the metrics' totals counted of these rows stays counted
+            Approval.objects.using(using).filter(run_id__in=ids),
+            Event.objects.using(using).filter(run_id__in=ids),
+            NotificationAttempt.objects.using(using).filter(notification__approval__run_id__in=ids),
+        ), using)
         cur.execute(f"DELETE FROM {attempt} WHERE notification_id IN (SELECT id FROM {note} "
                     f"WHERE approval_id IN ({in_approvals}))", ids)
         cur.execute(f"DELETE FROM {note} WHERE approval_id IN ({in_approvals})", ids)

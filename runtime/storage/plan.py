@@ -154,6 +154,21 @@ class Plan:
         self.approval_moves.append(ApprovalMove(pk, from_status, fields, required, open_at,
                                                 expired_by))
 
+    def mark(self) -> tuple[int, dict[int, tuple[Step, dict[str, Any]]], int]:
+        """Where the plan stands now, for ``rewind`` (events, step updates, crash points)."""
+        return (len(self.events), {k: (v[0], dict(v[1])) for k, v in self.step_updates.items()},
+                len(self.after))
+
+    def rewind(self, mark: tuple[int, dict[int, tuple[Step, dict[str, Any]]], int]) -> None:
+        """Drop what was added since ``mark`` (a commit refused for a reason that leaves the
+        rest of the transition to be written another way). Step objects keep their fields:
+        the caller puts back what it changed."""
+        events, updates, after = mark
+        del self.events[events:]
+        self.step_updates = updates
+        del self.after[after:]
+        self.standing = None
+
     def crash_after(self, point: CrashPoint, step: int | None) -> None:
         self.after.append((point, step))
 

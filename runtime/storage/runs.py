@@ -44,8 +44,9 @@ def run_create(
 def run_create_in_tx(agent: str, input: Any, *, created_by: str = "", now: datetime,
                      actor: str = "", origin: dict[str, Any] | None = None) -> CreatedRun:
     """``run_create`` inside the caller's transaction. ``origin`` names the schedule
-    occurrence that creates the run (schedule, occurrence_at, skipped, authorized_at): kept on
-    the run and in its ``run.created`` event."""
+    occurrence that creates the run (schedule, occurrence_at, skipped, authorized_at, and
+    restored_at when a restore may have lost its first firing): kept on the run and in its
+    ``run.created`` event."""
     data = check_payload("run input", input)
     extra: dict[str, Any] = {}
     payload: dict[str, Any] = {"agent": agent, "input": data, "created_by": created_by}
@@ -59,6 +60,11 @@ def run_create_in_tx(agent: str, input: Any, *, created_by: str = "", now: datet
             "skipped": origin["skipped"],
             "authorized_at": iso_time_or_none(origin["authorized_at"]),
             "authorized_by": schedule.authorized_by if origin["authorized_at"] else ""}
+        if origin.get("restored_at") is not None:
+            # An occurrence due before a restore may have fired in the timeline the restore
+            # lost: its run is held like every run unfinished at the backup (design §12b).
+            extra["restored_at"] = origin["restored_at"]
+            payload["restored_at"] = iso_time(origin["restored_at"])
     # JSON null is a valid input: stored as JSON, not as SQL NULL (which the column refuses).
     stored = Value(None, JSONField()) if data is None else data
     run = cast("CreatedRun", Run.objects.create(

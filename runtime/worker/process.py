@@ -255,7 +255,7 @@ class WorkerProcess:
         self._next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
         now = self.clock.now()
         try:
-            fired = schedules_fire_due(now)
+            fired = schedules_fire_due(now, agents=self.agents)
             expired = approvals_expire(now)
         except DATABASE_FAULTS:
             raise

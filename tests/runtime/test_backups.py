@@ -5,6 +5,7 @@ come from the outside world's ledger."""
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import sqlite3
@@ -20,6 +21,7 @@ from runtime import start
 from runtime.agents.agent import registry
 from runtime.approvals.decisions import approve
 from runtime.audit.check import audit_check
+from runtime.backups import operations
 from runtime.backups.copy import copy_in
 from runtime.backups.operations import backup_restore, backup_take
 from runtime.clock import SYSTEM_CLOCK
@@ -135,16 +137,21 @@ def test_bad_backups_and_bad_moments_are_refused_and_change_nothing(database, tm
     for argv, message in (
             ([str(tmp_path / "missing")], "no such backup file"),
             ([], "give the backup file, or --acknowledge"),
-            (["--acknowledge", "--taken-at", "yesterday"], "not an ISO 8601 time"),
+            (["--acknowledge", "--taken-at", "yesterday"], "is not a date"),
+            (["--acknowledge", "--taken-at", "2999-01-01"], "in the future"),
+            (["--acknowledge", "--taken-at", "999999d"], "further back than any date"),
             (["--acknowledge"], "records no backup"),
             (["x", "--acknowledge"], "give the backup file, or --acknowledge")):
         with pytest.raises(CommandError, match=message):
             call_command("restore", *argv)
-    if database.path is not None:
-        with pytest.raises(CommandError, match=r"not a SQLite database|damaged"):
-            call_command("restore", str(not_a_backup))
+    with pytest.raises(CommandError, match=r"not a SQLite database|damaged|not a pg_dump"):
+        call_command("restore", str(not_a_backup))
     with pytest.raises(CommandError, match="is a directory"):
         call_command("backup", str(tmp_path))
+    if database.path is not None:  # the live database and its companions are never targets
+        for name in ("", "-wal", "-shm", ".writer"):
+            with pytest.raises(CommandError, match="the live database"):
+                call_command("backup", f"{database.path}{name}")
     assert not Restoration.objects.exists()
     assert Run.objects.get(pk=run.pk).restored_at is None
 
@@ -183,3 +190,70 @@ def test_a_worker_refuses_a_database_restored_by_hand_until_it_is_fenced(databas
     assert ledger.count("fast_charge") == charges  # held, not repeated
     (held,) = pending()
     assert held.kind == "restored" and held.run_id == run.pk
+
+
+def test_a_restore_stopped_before_its_fence_keeps_workers_out_until_acknowledged(
+        database, tmp_path, spawn, monkeypatch):
+    with _agents():
+        run = start("mixed", {})
+    taken = backup_take(tmp_path / "b", by="ops", now=SYSTEM_CLOCK.now())
+    assert spawn("--burst").wait(60) == 0
+    assert Run.objects.get(pk=run.pk).status == "succeeded"
+
+    def migrate_fails(*args, **kwargs):
+        raise RuntimeError("the power went out")
+
+    monkeypatch.setattr(operations, "call_command", migrate_fails)
+    with pytest.raises(CommandError, match=r"not fenced \(the power went out\)"):
+        call_command("restore", str(taken.path))
+    monkeypatch.undo()
+    assert Run.objects.get(pk=run.pk).status == "queued"  # the backup's data, not held
+    refused = spawn("--burst")
+    assert refused.wait(60) != 0
+    assert "a restore of this database did not finish" in refused.output()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    charges = ledger.count("fast_charge")
+    call_command("restore", "--acknowledge", "--by", "ops")
+    assert spawn("--burst").wait(60) == 0
+    assert ledger.count("fast_charge") == charges
+    (held,) = pending()
+    assert held.kind == "restored" and held.run_id == run.pk
+
+
+def test_a_failed_copy_changes_nothing_and_leaves_no_mark(database, tmp_path, spawn):
+    with _agents():
+        run = start("mixed", {})
+    broken = tmp_path / "broken.backup"
+    broken.write_bytes(b"PGDMP" + b"\0" * 64 if database.path is None else b"x" * 4096)
+    with pytest.raises(CommandError):
+        call_command("restore", str(broken))
+    assert Run.objects.get(pk=run.pk).status == "queued" and not Restoration.objects.exists()
+    assert spawn("--burst").wait(60) == 0  # no mark left: workers start
+    assert Run.objects.get(pk=run.pk).status == "succeeded"
+
+
+def test_a_worker_says_what_is_missing_to_read_the_checkpoints(database, tmp_path, spawn,
+                                                               settings):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    settings.RUNTIME = {**settings.RUNTIME, "AUDIT_KEY": KEY}
+    call_command("auditcheckpoint", "--out", str(directory / "2026-01-01T000000.checkpoint.json"),
+                 stderr=io.StringIO())
+    worker = spawn("--burst", env={"RUNTIME_CHECKPOINT_DIR": str(directory),
+                                   "RUNTIME_AUDIT_KEY": ""})
+    assert worker.wait(60) != 0
+    assert "RUNTIME_AUDIT_KEY is not set" in worker.output()
+    assert "Traceback" not in worker.output()
+
+
+def test_an_unreadable_newest_checkpoint_is_passed_over(database, tmp_path, settings, spawn):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    settings.RUNTIME = {**settings.RUNTIME, "AUDIT_KEY": KEY, "CHECKPOINT_DIR": str(directory)}
+    call_command("auditcheckpoint", "--out", str(directory / "2026-01-01T000000.checkpoint.json"),
+                 stderr=io.StringIO())
+    (directory / "2026-01-02T000000.checkpoint.json").write_text("{not a checkpoint")
+    worker = spawn("--burst", env={"RUNTIME_AUDIT_KEY": KEY,
+                                   "RUNTIME_CHECKPOINT_DIR": str(directory)})
+    assert worker.wait(60) == 0, worker.output()
+    assert "2026-01-02T000000.checkpoint.json passed over" in worker.output()

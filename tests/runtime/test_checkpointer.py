@@ -105,3 +105,17 @@ def test_passes_are_paced_by_this_processs_commits_not_by_the_clock(sqlite_path)
     for i in range(PASS_COMMITS):
         _write(1, f"many{i}")
     assert checkpointer.due(now=start_at)  # enough commits: at once
+
+
+def test_without_the_writer_queue_every_tick_is_due(sqlite_path):
+    """Commits are counted by the writer queue: with it off, pacing by them would never pass
+    and the WAL would grow without end."""
+    options = connection.settings_dict["OPTIONS"]
+    before = dict(options)
+    options["writer_queue"] = False
+    try:
+        assert Checkpointer(interval=3600).due()
+    finally:
+        options.clear()
+        options.update(before)
+    assert not Checkpointer(interval=3600).due()  # with it, nothing written: not due

@@ -6,6 +6,7 @@ the steps it took, never from the tables the collector reads."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from django.core.management import call_command
 from django.test import Client
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -318,3 +320,38 @@ def test_the_monitoring_page_explains_every_metric_and_its_rules_and_dashboard_u
     assert "attempts_failed" in by_name["AgentRuntimeNotificationsFailing"]["expr"]
     for rule in rules:
         assert rule["labels"]["severity"] in ("page", "warn") and rule["annotations"]["summary"]
+
+
+def test_totals_read_from_the_tables_do_not_fall_when_old_runs_are_pruned(
+        database, settings, monkeypatch, clock, crash, scenario_agent, tmp_path):
+    """Prometheus takes a counter that falls for a reset and counts the whole total again as
+    an increase: a prune must leave every total where it was."""
+    from console import metrics as view
+
+    settings.RUNTIME = {**settings.RUNTIME, "METRICS_TOKEN": TOKEN, "AUDIT_KEY": "k" * 40}
+    monkeypatch.setattr(view, "clock", clock)
+    approved = _paused(300, clock)
+    clock.advance(30)
+    approve(approved.pk, "ana", now=clock.now())
+    assert resume(approved.run_id, clock=clock).status == "succeeded"
+    rejected = _paused(400, clock)
+    clock.advance(500)
+    reject(rejected.pk, "ana", "too much", now=clock.now())
+    _paused(666, clock)
+    clock.advance(61)
+    assert len(approvals_expire(clock.now())) == 1
+    taken = crash_then_take_over(start("mx", {"amount": 7}, clock=clock).pk, clock, crash,
+                                 CrashPoint.AFTER_TOOL_EFFECT, 1)
+    resolve(Approval.objects.get(run_id=taken.pk).pk, "ana", {"charged": 7}, now=clock.now())
+    assert resume(taken.pk, clock=clock).status == "succeeded"
+    names = ("agent_runtime_approval_decisions_total", "agent_runtime_approval_expiries_total",
+             "agent_runtime_lease_takeovers_total", "agent_runtime_approval_decision_seconds_sum",
+             "agent_runtime_approval_decision_seconds_bucket",
+             "agent_runtime_approval_decision_seconds_count")
+    before = {k: v for k, v in _scrape(Client()).items() if k[0] in names}
+    assert before[("agent_runtime_lease_takeovers_total", frozenset())] >= 1
+    call_command("prune", "--finished-before", (clock.now() + timedelta(days=1)).isoformat(),
+                 "--archive", str(tmp_path / "archive"), stdout=io.StringIO())
+    assert not Run.objects.filter(status__in=["succeeded", "failed"]).exists()  # pruned
+    after = {k: v for k, v in _scrape(Client()).items() if k[0] in names}
+    assert after == before

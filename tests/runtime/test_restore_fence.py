@@ -13,10 +13,13 @@ from runtime.agents.agent import registry
 from runtime.approvals.decisions import approve, reject, resolve
 from runtime.audit.chain import verify
 from runtime.backups.fence import restore_fence
+from runtime.backups.operations import backup_restore, backup_take
 from runtime.canonical import step_idempotency_key
 from runtime.crashpoints import CrashPoint
 from runtime.errors import RestoreRefused, SimulatedCrash
-from runtime.models import Approval, Restoration, Run, Step, Worker
+from runtime.models import Approval, Restoration, Run, Schedule, Step, Worker
+from runtime.schedules.changes import schedule_authorize, schedule_create
+from runtime.schedules.firing import schedules_fire_due
 from runtime.selectors.approvals import pending
 from tests.kit import Ledger, events, make_agent
 
@@ -157,3 +160,47 @@ def test_a_fence_without_a_known_backup_moment_is_refused_and_changes_nothing(da
     with pytest.raises(RestoreRefused, match="records no backup"):
         restore_fence(by="olga", now=clock.now())
     assert not Restoration.objects.exists()
+
+
+def test_an_occurrence_fired_again_after_a_restore_asks_before_its_side_effect(database,
+                                                                               tmp_path, clock):
+    """The restored schedule's next occurrence is the backup's: an occurrence that fired (and
+    paid, under a standing authorization) after the backup fires again, and its run must ask."""
+    ledger = Ledger(tmp_path / "ledger")
+    with registry.override(_agent(ledger, "nightly-pay", policy=_charges_need_approval)):
+        s = schedule_create("nightly", "nightly-pay", {}, by="alice", now=clock.now(),
+                            interval_seconds=3600)
+        schedule_authorize(s.pk, True, by="carol", now=clock.now())
+        backup_at = clock.now()
+        backup_take(tmp_path / "nightly.backup", by="ops", now=backup_at)
+        clock.advance(3600)
+        (fired,) = schedules_fire_due(clock.now())  # after the backup: in the lost timeline
+        resume(fired, owner="w", clock=clock)
+        assert ledger.count("charge") == 2  # the standing authorization let both through
+        clock.advance(600)
+        backup_restore(tmp_path / "nightly.backup", by="ops", now=clock.now())
+        assert Schedule.objects.get(pk=s.pk).next_fire_at <= clock.now()  # due once more
+        (again,) = schedules_fire_due(clock.now())
+        run = resume(again, owner="w", clock=clock)
+        assert run.restored_at == backup_at and run.status == "waiting"
+        assert ledger.count("charge") == 2  # not paid a second time without a person
+        (held,) = pending()
+        assert held.kind == "restored"
+        assert verify(run.pk).ok, verify(run.pk).problems
+        clock.advance(3600)  # an occurrence after the restore is new: the grant applies
+        (later,) = schedules_fire_due(clock.now())
+        assert Run.objects.get(pk=later).restored_at is None
+
+
+def test_a_worker_fires_only_the_schedules_of_its_own_agents(database, tmp_path, clock):
+    ledger = Ledger(tmp_path / "ledger")
+    with registry.override(_agent(ledger), _agent(ledger, "other")):
+        mine = schedule_create("mine", "pns", {}, by="alice", now=clock.now(),
+                               interval_seconds=60)
+        theirs = schedule_create("theirs", "other", {}, by="alice", now=clock.now(),
+                                 interval_seconds=60)
+        clock.advance(61)
+        fired = schedules_fire_due(clock.now(), agents=["pns"])
+    assert [Run.objects.get(pk=pk).schedule_id for pk in fired] == [mine.pk]
+    theirs.refresh_from_db()
+    assert theirs.next_fire_at <= clock.now()  # left due for a worker that has the agent

@@ -49,6 +49,7 @@ from runtime.models import (
 )
 from runtime.retention.archive import archive_load, archive_name
 from runtime.retention.prune import runs_prune
+from runtime.retention.totals import FAILED_ATTEMPTS, retire_in_tx, retired
 from tests.kit import Ledger, broken, make_agent, make_tools, verifyaudit
 from tests.waiting import wait_until
 
@@ -458,8 +459,12 @@ def test_old_notifications_go_with_their_attempts(history, settings):
     old_gated, waiting = history["old"][3], history["unfinished"][0]
     assert Notification.objects.filter(approval__run_id=waiting, status="pending").exists()
     kept = Notification.objects.filter(approval__run_id=waiting).count()
+    going = Notification.objects.get(approval__run_id=old_gated)
+    NotificationAttempt.objects.create(notification=going, number=0, at=going.created_at,
+                                       ok=False, status_code=503)  # a failed try before
     out = prune("--notifications-before", (T0 + 20 * DAY).isoformat())
-    assert "notifications: 1 removed" in out and "with 1 attempts" in out, out
+    assert "notifications: 1 removed" in out and "with 2 attempts" in out, out
+    assert retired()[FAILED_ATTEMPTS] == 1  # the metrics' total keeps it
     assert not Notification.objects.filter(approval__run_id=old_gated).exists()
     assert not NotificationAttempt.objects.exists()
     assert Notification.objects.filter(approval__run_id=waiting).count() == kept  # pending
@@ -470,6 +475,12 @@ def test_old_notifications_go_with_their_attempts(history, settings):
     assert "notifications: 1 removed" in prune()  # the setting's cutoff: a day ago
     assert not Notification.objects.exists()
     assert verifyaudit().startswith("ok: 8 runs")
+
+
+def test_retired_totals_add_up(database):
+    retire_in_tx({"lease_takeovers": 2, "decisions:approve": 0})
+    retire_in_tx({"lease_takeovers": 3, "decision_seconds:approve": 1.5})
+    assert retired() == {"lease_takeovers": 5.0, "decision_seconds:approve": 1.5}
 
 
 def test_pruneapi_removes_old_answers_and_idle_tokens(database, monkeypatch):

@@ -533,8 +533,17 @@ def test_an_authorization_turned_off_as_the_start_commits_lets_nothing_through(
         run = _fire_one(clock, s)
         approval = _asks_a_person(run, clock, ledger)
     assert approval.step.attempt == 0 and approval.step.status == "waiting"
+    # The step's decision was written with the pause: its request is the one asked about.
+    assert (approval.step.tool, approval.step.arguments) == ("charge", {"amount": 7})
+    assert events(run, "step.decided") and not events(run, "side_effect.auto_confirmed")
     assert ledger.count("charge") == 0
     assert not Schedule.objects.get(pk=s.pk).authorize_side_effects
+    monkeypatch.undo()
+    approve(approval.pk, by="olga")
+    with registry.override(_gated("instant", ledger)):
+        run = resume(run.pk, owner="worker-z", clock=clock, lease_seconds=5)
+    assert run.status == "succeeded" and ledger.count("charge") == 1
+    assert verify(run.pk).ok, verify(run.pk).problems
 
 
 def test_no_pass_after_the_authorization_is_turned_off(database, tmp_path, clock):

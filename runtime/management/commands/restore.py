@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import getpass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -11,14 +11,17 @@ from django.core.management.base import BaseCommand, CommandError
 from runtime.backups.operations import backup_acknowledge, backup_restore
 from runtime.clock import SYSTEM_CLOCK
 from runtime.errors import RestoreRefused
+from runtime.retention.dates import parse_before
 
 
-def _moment(text: str) -> datetime:
+def _moment(text: str, now: datetime) -> datetime:
     try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        raise CommandError(f"--taken-at {text!r} is not an ISO 8601 time") from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+        at = parse_before(text, now)
+    except ValueError as exc:
+        raise CommandError(f"--taken-at: {exc}") from None
+    if at > now:
+        raise CommandError(f"--taken-at {text!r} is in the future: give the backup's moment")
+    return at
 
 
 class Command(BaseCommand):
@@ -42,8 +45,8 @@ class Command(BaseCommand):
         if bool(path) == acknowledge:
             raise CommandError("give the backup file, or --acknowledge (and no file) for a "
                                "database already restored by other means")
-        moment = _moment(taken_at) if taken_at else None
         who, now = by or getpass.getuser(), SYSTEM_CLOCK.now()
+        moment = _moment(taken_at, now) if taken_at else None
         try:
             if path:
                 done = backup_restore(path, by=who, now=now, taken_at=moment)

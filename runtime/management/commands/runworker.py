@@ -14,7 +14,8 @@ from django.db import connection
 from runtime import conf, crashpoints
 from runtime.agents.agent import registry
 from runtime.backups.behind import database_behind_check
-from runtime.errors import CheckpointRefused, DatabaseBehind, UnknownAgent
+from runtime.backups.pending import restore_pending
+from runtime.errors import AuditKeyError, CheckpointRefused, DatabaseBehind, UnknownAgent
 from runtime.host.cpu import parse_cpu
 from runtime.metrics import serve_process_metrics
 from runtime.worker.process import WorkerProcess
@@ -69,8 +70,15 @@ class Command(BaseCommand):
         logging.getLogger("runtime").setLevel(LEVELS.get(opts["verbosity"], logging.INFO))
         logging.getLogger("runtime.events").setLevel(
             EVENT_LEVELS.get(opts["verbosity"], logging.INFO))
-        try:  # a database restored by hand and not fenced could repeat side effects
+        try:  # a database restored and not fenced could repeat side effects
+            if restore_pending():
+                raise CommandError("a restore of this database did not finish: its unfinished "
+                                   "runs are not held yet. Run `manage.py restore "
+                                   "--acknowledge` (or the restore again), then start workers")
             database_behind_check()
+        except AuditKeyError as exc:
+            raise CommandError(f"RUNTIME_CHECKPOINT_DIR is set, so the newest checkpoint "
+                               f"must be read: {exc}") from None
         except (DatabaseBehind, CheckpointRefused) as exc:
             raise CommandError(str(exc)) from None
         if opts["metrics_port"] is not None:

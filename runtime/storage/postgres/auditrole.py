@@ -43,6 +43,9 @@ def role_grants(role: str, using: str = "default") -> list[str]:
         f"REVOKE CREATE ON SCHEMA {schema} FROM {who}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {who}",
         f"REVOKE UPDATE, DELETE, TRUNCATE ON {audit} FROM {who}",
+        # Only `prune` (run as the owner) records prunings: an entry made by the application
+        # would mark a live run as pruned, and the record is append-only.
+        f"REVOKE INSERT ON runtime_pruning, runtime_prunedrun FROM {who}",
         f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON django_migrations FROM {who}",
         f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {who}",
     ]

@@ -85,7 +85,10 @@ class Checkpointer:
         return busy, wal, done
 
     def due(self, now: float | None = None) -> bool:
-        """Whether this process has committed enough since the last pass to pay its syncs."""
+        """Whether this process has committed enough since the last pass to pay its syncs.
+        Without the writer queue commits are not counted: every tick is due, as before."""
+        if not connection.settings_dict["OPTIONS"].get("writer_queue", True):
+            return True
         new = writer_stats().transactions - self._seen
         if new <= 0:
             return False
