@@ -83,6 +83,20 @@ def _paused(amount: int, clock) -> Approval:
     return Approval.objects.get(run_id=run.pk, status="pending")
 
 
+def _approve_reject_expire(clock) -> None:
+    """Approved after 30 s (its call then runs: consumed), rejected after 500 s, expired."""
+    approved = _paused(300, clock)
+    clock.advance(30)
+    approve(approved.pk, "ana", now=clock.now())
+    assert resume(approved.run_id, clock=clock).status == "succeeded"
+    rejected = _paused(400, clock)
+    clock.advance(500)
+    reject(rejected.pk, "ana", "too much", now=clock.now())
+    _paused(666, clock)
+    clock.advance(61)
+    assert len(approvals_expire(clock.now())) == 1
+
+
 def _scrape(client: Client, token: str = TOKEN) -> Samples:
     response = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 200, response.content
@@ -103,18 +117,8 @@ def test_the_console_scrape_reads_every_shared_number_from_the_database(
     _paused(100, clock)
     clock.advance(100)
     _paused(200, clock)
-    # Approved after 30 s (its call then runs: consumed), rejected after 500 s, expired.
     clock.advance(10)
-    approved = _paused(300, clock)
-    clock.advance(30)
-    approve(approved.pk, "ana", now=clock.now())
-    assert resume(approved.run_id, clock=clock).status == "succeeded"
-    rejected = _paused(400, clock)
-    clock.advance(500)
-    reject(rejected.pk, "ana", "too much", now=clock.now())
-    _paused(666, clock)
-    clock.advance(61)
-    assert len(approvals_expire(clock.now())) == 1
+    _approve_reject_expire(clock)
     # Two charges interrupted by a crash and taken over: one left pending, one resolved.
     interrupted = crash_then_take_over(start("mx", {"amount": 5}, clock=clock).pk, clock, crash,
                                        CrashPoint.AFTER_TOOL_EFFECT, 1)
@@ -330,16 +334,7 @@ def test_totals_read_from_the_tables_do_not_fall_when_old_runs_are_pruned(
 
     settings.RUNTIME = {**settings.RUNTIME, "METRICS_TOKEN": TOKEN, "AUDIT_KEY": "k" * 40}
     monkeypatch.setattr(view, "clock", clock)
-    approved = _paused(300, clock)
-    clock.advance(30)
-    approve(approved.pk, "ana", now=clock.now())
-    assert resume(approved.run_id, clock=clock).status == "succeeded"
-    rejected = _paused(400, clock)
-    clock.advance(500)
-    reject(rejected.pk, "ana", "too much", now=clock.now())
-    _paused(666, clock)
-    clock.advance(61)
-    assert len(approvals_expire(clock.now())) == 1
+    _approve_reject_expire(clock)
     taken = crash_then_take_over(start("mx", {"amount": 7}, clock=clock).pk, clock, crash,
                                  CrashPoint.AFTER_TOOL_EFFECT, 1)
     resolve(Approval.objects.get(run_id=taken.pk).pk, "ana", {"charged": 7}, now=clock.now())
