@@ -16,7 +16,7 @@ from runtime.agents.llm import (
     Transcript,
     Usage,
 )
-from runtime.agents.openai import OpenAIChat
+from runtime.agents.openai import AsyncOpenAIChat, OpenAIChat
 from runtime.agents.policy import Allow, Deny, Request, RequireApproval
 from runtime.agents.reconcile import Complete, Conflict, Continue, ReconcileView, Wait
 from runtime.agents.tools import ToolContext, tool
@@ -44,6 +44,7 @@ __all__ = [
     "Agent",
     "Allow",
     "ApprovalConflict",
+    "AsyncOpenAIChat",
     "Budget",
     "BudgetExceeded",
     "Complete",

@@ -6,6 +6,7 @@ which survives the worker being killed. ``slow`` tools wait for a release file t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import tempfile
@@ -79,6 +80,15 @@ def notify(ctx: ToolContext, to: str) -> dict:
     return {"sent": to}
 
 
+@tool(effect="side_effect", dispatches=True)
+async def async_notify(ctx: ToolContext, to: str) -> dict:
+    """An async send: awaits, records ctx.dispatch() before it goes out, on the record."""
+    await asyncio.sleep(0.001)
+    ctx.dispatch()
+    _record("async_notify", ctx, to=to)
+    return {"sent": to}
+
+
 @tool(effect="read_only")
 def long_read(ctx: ToolContext, seconds: float) -> dict:
     """A read that takes ``seconds`` (a long outside call, as the test sets it)."""
@@ -97,7 +107,7 @@ def _llm_that_raises(transcript):
     raise ConnectionError("the LLM is down")
 
 
-TOOLS = [noop, slow_read, slow_charge, fast_charge, notify, long_read, boom]
+TOOLS = [noop, slow_read, slow_charge, fast_charge, notify, async_notify, long_read, boom]
 
 AGENTS = [
     Agent("steps5", ScriptedLLM([ToolCall("noop", {"n": i}) for i in range(5)]
@@ -116,6 +126,9 @@ AGENTS = [
                                     ToolCall("notify", {"to": "ann@example.com"}),
                                     ToolCall("fast_charge", {"amount": 8}),
                                     FinalAnswer("paid")]), TOOLS),
+    Agent("asyncnotify", ScriptedLLM([ToolCall("noop", {"n": 1}),
+                                      ToolCall("async_notify", {"to": "ann@example.com"}),
+                                      FinalAnswer("sent")]), TOOLS),
     Agent("long", ScriptedLLM([ToolCall("long_read", {"seconds": 10}), FinalAnswer("done")]),
           TOOLS),
 ]

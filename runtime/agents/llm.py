@@ -62,8 +62,18 @@ class Transcript:
     entries: list[TranscriptEntry] = field(default_factory=list)
 
 
-class LLM(Protocol):
+class SyncLLM(Protocol):
     def complete(self, transcript: Transcript, tools: Sequence[ToolSpec]) -> LLMResponse: ...
+
+
+class AsyncLLM(Protocol):
+    """A model client whose ``complete`` is a coroutine (run on the worker thread's loop)."""
+
+    async def complete(self, transcript: Transcript,
+                       tools: Sequence[ToolSpec]) -> LLMResponse: ...
+
+
+LLM = SyncLLM | AsyncLLM
 
 
 ScriptItem = Decision | Sequence[ToolCall]

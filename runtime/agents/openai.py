@@ -112,14 +112,8 @@ class OpenAIChat:
         body = self.request_body(transcript, tools)
         try:
             response = self._client().post(self.url, json=body)
-        except httpx.UnsupportedProtocol as exc:
-            raise LLMError(f"bad LLM URL {self.url}: {exc}", retryable=False) from None
-        except httpx.TimeoutException as exc:
-            raise LLMError(f"LLM request timed out ({type(exc).__name__})",
-                           retryable=True) from None
         except httpx.TransportError as exc:
-            raise LLMError(f"LLM connection failed ({type(exc).__name__}: {exc})",
-                           retryable=True) from None
+            raise transport_failure(exc, self.url) from None
         return parse_response(response)
 
     def request_body(self, transcript: Transcript, tools: Sequence[ToolSpec]) -> dict[str, Any]:
@@ -162,6 +156,60 @@ class OpenAIChat:
             with self._lock:
                 self._clients.append(client)
         return client
+
+
+class AsyncOpenAIChat:
+    """``OpenAIChat`` with httpx's async client: ``complete`` is a coroutine, for agents whose
+    other code is async. The request, the answer and every setting are ``OpenAIChat``'s (the
+    same keyword arguments); ``transport`` is an async httpx transport. Each worker thread runs
+    it on its own event loop (``runtime.agents.aio``) with a client of its own."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> None:
+        self._wrap(OpenAIChat(base_url, model, api_key, **options), transport)
+
+    def _wrap(self, chat: OpenAIChat, transport: httpx.AsyncBaseTransport | None) -> None:
+        self.chat, self.transport = chat, transport
+        self.max_retries = chat.max_retries
+        self._local = threading.local()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 **kw: Any) -> AsyncOpenAIChat:
+        """As ``OpenAIChat.from_env``."""
+        made = cls.__new__(cls)
+        made._wrap(OpenAIChat.from_env(environ, **kw), transport)
+        return made
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"<AsyncOpenAIChat {self.chat.model} at {self.chat.base_url}>"
+
+    async def complete(self, transcript: Transcript, tools: Sequence[ToolSpec]) -> LLMResponse:
+        """One chat-completions request; raises ``LLMError`` for anything but a usable answer."""
+        body = self.chat.request_body(transcript, tools)
+        try:
+            response = await self._client().post(self.chat.url, json=body)
+        except httpx.TransportError as exc:
+            raise transport_failure(exc, self.chat.url) from None
+        return parse_response(response)
+
+    def _client(self) -> httpx.AsyncClient:
+        client = getattr(self._local, "client", None)
+        if client is None:  # one per thread, as the thread's event loop is
+            client = httpx.AsyncClient(timeout=self.chat.timeout, headers=self.chat.headers,
+                                       transport=self.transport)
+            self._local.client = client
+        return client
+
+
+def transport_failure(exc: httpx.TransportError, url: str) -> LLMError:
+    """What a request that never got an answer means for the driver: ask again, or not."""
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return LLMError(f"bad LLM URL {url}: {exc}", retryable=False)
+    if isinstance(exc, httpx.TimeoutException):
+        return LLMError(f"LLM request timed out ({type(exc).__name__})", retryable=True)
+    return LLMError(f"LLM connection failed ({type(exc).__name__}: {exc})", retryable=True)
 
 
 def tool_call_id(step_index: int) -> str:

@@ -9,6 +9,7 @@ from typing import Any, get_type_hints
 
 import pydantic
 
+from runtime.agents.aio import in_running_loop, off_the_loop, run_awaitable
 from runtime.effects import Effect, EffectName
 from runtime.errors import InvalidArguments
 
@@ -32,7 +33,10 @@ class ToolContext:
         may re-run the step on its own. Raises ``LeaseLost`` if this process no longer may act.
         """
         if not self.dispatched:
-            self._on_dispatch()
+            if in_running_loop():  # from an async tool: the commit runs off the loop
+                off_the_loop(self._on_dispatch)
+            else:
+                self._on_dispatch()
             self.dispatched = True
 
 
@@ -68,6 +72,8 @@ class Tool:
         self.dispatches = dispatches
         self.description = description or inspect.cleandoc(fn.__doc__ or "")
         self.takes_ctx, self.args_model = _arguments_model(fn, self.name)
+        # An ``async def`` tool runs on its worker thread's event loop (``runtime.agents.aio``).
+        self.is_async = inspect.iscoroutinefunction(fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -96,7 +102,8 @@ class Tool:
         return ToolSpec(self.name, self.description, self.json_schema())
 
     def invoke(self, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
-        return self.fn(ctx, **kwargs) if self.takes_ctx else self.fn(**kwargs)
+        result = self.fn(ctx, **kwargs) if self.takes_ctx else self.fn(**kwargs)
+        return run_awaitable(result) if self.is_async else result
 
 
 def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[pydantic.BaseModel]]:

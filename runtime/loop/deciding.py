@@ -4,11 +4,13 @@ answer, a failed request, or a tool call put through policy."""
 
 from __future__ import annotations
 
+import inspect
 import random
 from decimal import Decimal
 from typing import Any
 
 from runtime import crashpoints
+from runtime.agents.aio import run_awaitable
 from runtime.agents.llm import Decision, FinalAnswer, LLMResponse, ToolCall
 from runtime.canonical import check_payload, dumps
 from runtime.conf import setting
@@ -41,6 +43,8 @@ def decide(ex: Execution, step: Step) -> Step | None:
         connection_release()  # the LLM's wait holds no connection of the database's
         try:
             response = ex.agent.llm.complete(ex.transcript, ex.agent.tool_specs)
+            if inspect.isawaitable(response):  # an async model client
+                response = run_awaitable(response)
             decisions = _checked_decisions(response)
             # Later decisions wait in the run row: each must be storable now, or the LLM's
             # answer fails like any other it gave that cannot be kept.
