@@ -240,3 +240,13 @@ def test_a_ratio_pairs_the_configurations_measured_in_the_same_round():
     assert line[1]["rounds_ratio"] == [2.0, 2.0, 1.5]
     assert line[1]["ratio"] == 2.0
     assert line[1]["ratio_of_medians"] == 1.5
+
+
+def test_the_peers_script_of_this_project_measures_its_runs(tmp_path):
+    """``bench/peers/runtime_steps.py`` (the recipe's line for this project) runs as written."""
+    proc = subprocess.run([sys.executable, "bench/peers/runtime_steps.py", "--runs", "2",
+                           "--steps", "3"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["steps"] == 6 and line["steps_per_s"] > 0

@@ -1,0 +1,58 @@
+"""Run the peers side by side in one sitting: each system's script with its own Python, in
+interleaved rounds (the machine's speed drifts within minutes), and print each system's median
+steps/s and its ratio to this project's, the median of each round's ratio.
+
+    python bench/peers/compare.py --runtime .venv/bin/python \\
+        --langgraph /tmp/peers/bin/python --dbos /tmp/peers/bin/python --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def measure(python: str, script: str, extra: list[str], runs: int, steps: int) -> dict:
+    done = subprocess.run([python, str(HERE / script), "--runs", str(runs), "--steps",
+                           str(steps), *extra], capture_output=True, text=True, check=True,
+                          timeout=1800)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runtime", required=True, help="the project's venv's python")
+    parser.add_argument("--langgraph", help="a python with langgraph-checkpoint-sqlite")
+    parser.add_argument("--dbos", help="a python with dbos")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    lines: list[tuple[str, str, list[str]]] = [("runtime", "runtime_steps.py", [])]
+    if args.langgraph:
+        lines += [("langgraph-sync", "langgraph_steps.py", ["--durability", "sync"]),
+                  ("langgraph-async", "langgraph_steps.py", ["--durability", "async"])]
+    if args.dbos:
+        lines.append(("dbos", "dbos_steps.py", []))
+    python = {"runtime": args.runtime, "langgraph-sync": args.langgraph,
+              "langgraph-async": args.langgraph, "dbos": args.dbos}
+    rounds: list[dict[str, float]] = []
+    for _ in range(args.rounds):
+        rounds.append({name: measure(python[name], script, extra, args.runs,
+                                     args.steps)["steps_per_s"]
+                       for name, script, extra in lines})
+    print(f"{args.runs} runs of {args.steps} no-op steps, one run at a time, "
+          f"{args.rounds} interleaved rounds (SQLite WAL, synchronous=FULL)")
+    for name, _, _ in lines:
+        median = statistics.median(r[name] for r in rounds)
+        ratio = statistics.median(r["runtime"] / r[name] for r in rounds)
+        print(f"  {name:16} {median:8.0f} steps/s   agent-runtime / it: {ratio:.2f} x")
+
+
+if __name__ == "__main__":
+    main()
