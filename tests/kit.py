@@ -13,8 +13,10 @@ from django.core.management.base import CommandError
 
 from runtime import (
     Agent,
+    Allow,
     Budget,
     FinalAnswer,
+    RequireApproval,
     ScriptedLLM,
     ToolCall,
     ToolContext,
@@ -104,6 +106,11 @@ def make_tools(ledger: Ledger, gates: dict[str, Gate] | None = None) -> list:
         return {"sent": to}
 
     return [read, charge, send]
+
+
+def charges_need_approval(request: Any, run: Any) -> Any:
+    """A policy: a person approves each charge before it starts; everything else goes ahead."""
+    return RequireApproval("Charge?", "") if request.tool == "charge" else Allow()
 
 
 def make_agent(name: str, script: list, ledger: Ledger, gates: dict[str, Gate] | None = None,

@@ -19,7 +19,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from runtime import Agent, Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, resume, start
+from runtime import Agent, FinalAnswer, ScriptedLLM, ToolCall, resume, start
 from runtime.agents.agent import registry
 from runtime.approvals.decisions import approve
 from runtime.audit.check import triggers_problems
@@ -30,7 +30,7 @@ from runtime.models import Approval, AuditCheckpoint, Event, Run, RunCreation, S
 from runtime.storage.creations import creation_hash
 from runtime.storage.events import event_hash
 from runtime.storage.triggers import APPEND_ONLY_TABLES, expected_triggers
-from tests.kit import Ledger, broken, make_agent, make_tools, verifyaudit
+from tests.kit import Ledger, broken, charges_need_approval, make_agent, make_tools, verifyaudit
 
 pytestmark = pytest.mark.engines
 
@@ -49,11 +49,8 @@ def runs(database, tmp_path, clock):
     plain = make_agent("an", [ToolCall("read", {"key": "a"}), ToolCall("charge", {"amount": 3}),
                               FinalAnswer("ok")], ledger)
 
-    def policy(request, run):
-        return RequireApproval("Charge?", "") if request.tool == "charge" else Allow()
-
     gated = Agent("gated", ScriptedLLM([ToolCall("charge", {"amount": 9}), FinalAnswer("done")]),
-                  make_tools(ledger), policy=policy)
+                  make_tools(ledger), policy=charges_need_approval)
     with registry.override(plain, gated):
         done = [resume(start("an", {"n": i}, created_by="carol", clock=clock).pk,
                        clock=clock, lease_seconds=5) for i in range(3)]

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from runtime import Allow, FinalAnswer, RequireApproval, ToolCall, resume, start
+from runtime import FinalAnswer, ToolCall, resume, start
 from runtime.agents.agent import registry
 from runtime.approvals.decisions import approve, reject, resolve
 from runtime.audit.chain import verify
@@ -21,7 +21,7 @@ from runtime.models import Approval, Restoration, Run, Schedule, Step, Worker
 from runtime.schedules.changes import schedule_authorize, schedule_create
 from runtime.schedules.firing import schedules_fire_due
 from runtime.selectors.approvals import pending
-from tests.kit import Ledger, events, make_agent
+from tests.kit import Ledger, charges_need_approval, events, make_agent
 
 pytestmark = pytest.mark.engines
 
@@ -32,10 +32,6 @@ SCRIPT = [ToolCall("read", {"key": "k"}), ToolCall("charge", {"amount": 5}),
 
 def _agent(ledger: Ledger, name: str = "pns", **kw):
     return make_agent(name, SCRIPT, ledger, **kw)
-
-
-def _charges_need_approval(request, run):
-    return RequireApproval("charge?") if request.tool == "charge" else Allow()
 
 
 def _step(run_id: int, index: int) -> Step:
@@ -61,7 +57,7 @@ def test_step_keys_come_from_the_run_and_the_steps_position(database, tmp_path, 
 
 def test_the_fence_holds_every_unfinished_run_and_only_those(database, tmp_path, clock, crash):
     ledger = Ledger(tmp_path / "ledger")
-    gated = _agent(ledger, "gated", policy=_charges_need_approval)
+    gated = _agent(ledger, "gated", policy=charges_need_approval)
     with registry.override(_agent(ledger), gated):
         done = resume(start("pns", {}, clock=clock).pk, owner="w", clock=clock)
         queued = start("pns", {}, clock=clock)
@@ -145,7 +141,7 @@ def test_no_proof_of_non_dispatch_from_before_the_restore_is_trusted(database, t
 
 def test_a_run_restored_while_a_call_was_approved_asks_again(database, tmp_path, clock):
     ledger = Ledger(tmp_path / "ledger")
-    gated = _agent(ledger, "gated", policy=_charges_need_approval)
+    gated = _agent(ledger, "gated", policy=charges_need_approval)
     with registry.override(gated):
         run = resume(start("gated", {}, clock=clock).pk, owner="w", clock=clock)
         approve(pending()[0].pk, by="olga")  # approved, not yet consumed at the backup
@@ -167,7 +163,7 @@ def test_an_occurrence_fired_again_after_a_restore_asks_before_its_side_effect(d
     """The restored schedule's next occurrence is the backup's: an occurrence that fired (and
     paid, under a standing authorization) after the backup fires again, and its run must ask."""
     ledger = Ledger(tmp_path / "ledger")
-    with registry.override(_agent(ledger, "nightly-pay", policy=_charges_need_approval)):
+    with registry.override(_agent(ledger, "nightly-pay", policy=charges_need_approval)):
         s = schedule_create("nightly", "nightly-pay", {}, by="alice", now=clock.now(),
                             interval_seconds=3600)
         schedule_authorize(s.pk, True, by="carol", now=clock.now())

@@ -22,9 +22,7 @@ from django.db import DatabaseError, connection, transaction
 
 from runtime import (
     Agent,
-    Allow,
     FinalAnswer,
-    RequireApproval,
     ScriptedLLM,
     ToolCall,
     cancel,
@@ -50,7 +48,7 @@ from runtime.models import (
 from runtime.retention.archive import archive_load, archive_name
 from runtime.retention.prune import runs_prune
 from runtime.retention.totals import FAILED_ATTEMPTS, retire_in_tx, retired
-from tests.kit import Ledger, broken, make_agent, make_tools, verifyaudit
+from tests.kit import Ledger, broken, charges_need_approval, make_agent, make_tools, verifyaudit
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines
@@ -81,11 +79,8 @@ def history(database, tmp_path, clock, settings):
     plain = make_agent("an", [ToolCall("read", {"key": "a"}), ToolCall("charge", {"amount": 3}),
                               FinalAnswer("ok")], ledger)
 
-    def policy(request, run):
-        return RequireApproval("Charge?", "") if request.tool == "charge" else Allow()
-
     gated = Agent("gated", ScriptedLLM([ToolCall("charge", {"amount": 9}), FinalAnswer("done")]),
-                  make_tools(ledger), policy=policy)
+                  make_tools(ledger), policy=charges_need_approval)
     runs: dict[str, list[int]] = {"old": [], "new": [], "unfinished": []}
     with registry.override(plain, gated):
         for i in range(3):
