@@ -226,6 +226,13 @@ VARIABLES: tuple[Variable, ...] = (
              "worker refuses to start on a database that is behind the newest one (it was "
              "restored by hand) until `manage.py restore --acknowledge` fences it. Empty: no "
              "such check.", "runtime", key="CHECKPOINT_DIR"),
+    Variable("RUNTIME_WORKER_LOOP", choice("asyncio", "threads"), "asyncio", "How a worker "
+             "runs its runs in flight: as tasks on one event loop (asyncio), or a thread each "
+             "(threads). runworker's --loop default.", "runtime", key="WORKER_LOOP"),
+    Variable("RUNTIME_WORKER_BLOCKING_THREADS", integer(0, 4096, low_means="as many as runs "
+             "in flight"), 0, "The event-loop worker's threads for sync tools and model "
+             "clients, made as calls block: how many may block at once (the rest queue).",
+             "runtime", key="WORKER_BLOCKING_THREADS"),
     Variable("RUNTIME_WORKER_CPU", CPU, "off", "runworker's --cpu default: confine a worker's "
              "threads to one CPU.", "runtime"),
     Variable("RUNTIME_UMASK", UMASK, None, "The umask of every process (default: the one it "

@@ -9,7 +9,7 @@ from typing import Any, get_type_hints
 
 import pydantic
 
-from runtime.agents.aio import in_running_loop, off_the_loop, run_awaitable
+from runtime.agents.aio import call_blocking, in_running_loop, off_the_loop, run_awaitable
 from runtime.effects import Effect, EffectName
 from runtime.errors import InvalidArguments
 
@@ -61,6 +61,7 @@ class Tool:
         dispatches: bool = False,
         name: str | None = None,
         description: str | None = None,
+        blocks: bool = True,
     ) -> None:
         if effect not in Effect.values:
             raise ValueError(f"effect must be one of {', '.join(map(repr, Effect.values))}, "
@@ -72,8 +73,10 @@ class Tool:
         self.dispatches = dispatches
         self.description = description or inspect.cleandoc(fn.__doc__ or "")
         self.takes_ctx, self.args_model = _arguments_model(fn, self.name)
-        # An ``async def`` tool runs on its worker thread's event loop (``runtime.agents.aio``).
+        # An ``async def`` tool runs on the worker's event loop (``runtime.agents.aio``); a sync
+        # one on its bounded pool, unless it declares it never waits (``blocks=False``).
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.blocks = blocks and not self.is_async
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -102,8 +105,15 @@ class Tool:
         return ToolSpec(self.name, self.description, self.json_schema())
 
     def invoke(self, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
-        result = self.fn(ctx, **kwargs) if self.takes_ctx else self.fn(**kwargs)
+        """Call the tool: a blocking one on the event-loop worker's pool, an async one on its
+        loop (on a thread worker: here, and on the thread's loop)."""
+        if self.blocks:
+            return call_blocking(self._call, ctx, kwargs)
+        result = self._call(ctx, kwargs)
         return run_awaitable(result) if self.is_async else result
+
+    def _call(self, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
+        return self.fn(ctx, **kwargs) if self.takes_ctx else self.fn(**kwargs)
 
 
 def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[pydantic.BaseModel]]:
@@ -135,14 +145,19 @@ def tool(
     max_attempts: int | None = None,
     dispatches: bool = False,
     name: str | None = None,
+    blocks: bool = True,
 ) -> Any:
     """Declare a tool. ``effect`` is required: the runtime must know whether a re-run is safe.
 
     ``dispatches=True`` promises that the tool calls ``ctx.dispatch()`` right before its outbound
     call, which lets the runtime re-run a crashed attempt that provably never got that far.
+    ``blocks=False`` says a sync tool never waits (no I/O, no sleep, little CPU): the event-loop
+    worker calls it on its loop rather than on its thread pool. An ``async def`` tool never
+    blocks the loop unless it calls blocking code itself.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, effect=effect, max_attempts=max_attempts, dispatches=dispatches, name=name)
+        return Tool(f, effect=effect, max_attempts=max_attempts, dispatches=dispatches, name=name,
+                    blocks=blocks)
 
     return wrap(fn) if fn is not None else wrap

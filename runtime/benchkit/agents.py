@@ -6,7 +6,7 @@ Registered in worker subprocesses with ``RUNTIME_AGENTS=runtime.benchkit.agents.
 
 from __future__ import annotations
 
-import time
+import asyncio
 from typing import Any
 
 from runtime.agents.agent import Agent, Budget
@@ -18,13 +18,13 @@ from runtime.effects import Effect
 STEPS = 10  # tool steps per bench run (then one final answer)
 
 
-@tool(effect="read_only")
+@tool(effect="read_only", blocks=False)
 def bench_read(n: int) -> dict:
     """A read that does nothing."""
     return {"n": n}
 
 
-@tool(effect="side_effect")
+@tool(effect="side_effect", blocks=False)
 def bench_write(n: int) -> dict:
     """A side effect that does nothing."""
     return {"n": n}
@@ -55,7 +55,7 @@ MAX_STEPS = 2_000
 def steps_agent(name: str, tool_name: str, steps: int = STEPS) -> Agent:
     """An agent whose runs are N calls of one no-op tool, then a final answer."""
     budget = Budget(max_steps=MAX_STEPS + 1, max_llm_requests=MAX_STEPS + 1)
-    return Agent(name, ScriptedLLM(_script(tool_name, steps)), TOOLS, budget=budget)
+    return Agent(name, ScriptedLLM(_script(tool_name, steps), blocks=False), TOOLS, budget=budget)
 
 
 WAIT_SECONDS = 0.1  # bench_wait's LLM answers after this long, every call
@@ -63,10 +63,11 @@ WAIT_TOOL_CALLS = 4  # bench_wait's runs: this many no-op reads, then the final 
 
 
 def _waiting(decide: Any, seconds: float) -> Any:
-    """An LLM that takes ``seconds`` to answer (a sleep: the thread waits, as on a network)."""
+    """An async model client that takes ``seconds`` to answer (an ``asyncio.sleep``: it waits
+    as one on a network does)."""
 
-    def slow(transcript: Transcript) -> ToolCall | FinalAnswer:
-        time.sleep(seconds)
+    async def slow(transcript: Transcript) -> ToolCall | FinalAnswer:
+        await asyncio.sleep(seconds)
         return decide(transcript)
 
     return slow
@@ -86,7 +87,7 @@ AGENTS = [
     Agent("bench_wait", ScriptedLLM(_waiting(_script("bench_read", WAIT_TOOL_CALLS),
                                              WAIT_SECONDS)), TOOLS),
     # One step needing a person's approval: for approval-to-restart latency.
-    Agent("bench_approve", ScriptedLLM(_script("bench_write", 1)), TOOLS,
+    Agent("bench_approve", ScriptedLLM(_script("bench_write", 1), blocks=False), TOOLS,
           policy=_approve_writes),
     # A run that ends at once (3 commits): many of them for the worker's memory over time.
     Agent("bench_final", ScriptedLLM([FinalAnswer("done")]), TOOLS),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -53,6 +53,10 @@ class Lease:
         return self.position[0]
 
 
+# How a lease holder's plan is committed: ``lease_commit``, or something that runs it elsewhere.
+Committer = Callable[["Lease", Plan, Any], Committed]
+
+
 def lease_plan(lease: Lease, at: datetime) -> Plan:
     """An empty plan for the lease holder's next commit, chained after the position the lease
     has now (a commit by anyone else meanwhile makes its fence refuse)."""
@@ -65,6 +69,38 @@ def lease_commit(lease: Lease, plan: Plan, clock: Any) -> Committed:
     """Commit ``plan`` only while ``lease`` still holds the run at the position the plan was
     made at (and, if an outside call follows, holds it unexpired at the fencing statement).
     Raises ``LeaseLost`` (nothing written) when the fence refuses."""
+    _fence(lease, plan)
+    return lease_settle(lease, plan, clock, None)
+
+
+def lease_commit_many(items: Sequence[tuple[Lease, Plan]], clock: Any, *,
+                      ride_faults: bool = True) -> list[Committed | BaseException]:
+    """Several holders' plans at once, as ``lease_commit`` commits each: together where the
+    engine can (SQLite: one group commit, one sync), each fenced on its own. What became of
+    each: its ``Committed``, or what ``lease_commit`` would have raised. With ``ride_faults``
+    False a plan that met a database fault gets the fault, to be ridden out elsewhere by
+    ``lease_settle`` (its backoff would hold up the caller)."""
+    for lease, plan in items:
+        _fence(lease, plan)
+    try:
+        results = engine().commit_many([plan for _lease, plan in items], clock)
+    except DATABASE_FAULTS as exc:  # some may have landed: each finds out from its chain
+        results = [exc] * len(items)
+    out: list[Committed | BaseException] = []
+    for (lease, plan), result in zip(items, results, strict=True):
+        if not ride_faults and isinstance(result, DATABASE_FAULTS):
+            out.append(result)
+            continue
+        try:
+            out.append(lease_settle(lease, plan, clock, result))
+        except BaseException as exc:  # this plan's outcome, not the batch's
+            out.append(exc)
+    return out
+
+
+def _fence(lease: Lease, plan: Plan) -> None:
+    """Before a holder's commit: its fence as the plan needs it, and a commit that gives the
+    lease up announced (``Lease.on_ending``)."""
     f = plan.fence
     if f.unexpired != plan.gated:  # (Fence's own constructor: a quarter of replace()'s cost)
         plan.fence = Fence(f.seq, f.owner, f.epoch, f.status, plan.gated, f.expired)
@@ -72,9 +108,22 @@ def lease_commit(lease: Lease, plan: Plan, clock: Any) -> Committed:
         lease.ending = True
         if lease.on_ending is not None:
             lease.on_ending()
+
+
+def lease_settle(lease: Lease, plan: Plan, clock: Any,
+                 result: Committed | BaseException | None) -> Committed:
+    """The holder's commit brought to its end: ``result`` of an attempt already made (a fault
+    is ridden out from its chain head), or None to make it now; the lease moved to what it
+    wrote, or the refusal raised as what it means."""
     try:
-        committed = commit_riding_faults(plan, clock, window=max(lease.seconds, 5.0),
-                                         lease=lease)
+        if isinstance(result, Committed):
+            committed = result
+        else:
+            fault = result if isinstance(result, DATABASE_FAULTS) else None
+            if result is not None and fault is None:
+                raise result
+            committed = commit_riding_faults(plan, clock, window=max(lease.seconds, 5.0),
+                                             lease=lease, fault=fault)
     except Refused as refused:
         lease.ending = False
         raise _refusal(lease, plan, refused, clock) from None
@@ -89,8 +138,10 @@ def lease_commit(lease: Lease, plan: Plan, clock: Any) -> Committed:
 
 
 def commit_riding_faults(plan: Plan, clock: Any, *, window: float,
-                         lease: Lease | None = None) -> Committed:
-    """``engine().commit(plan)``, through database faults for up to ``window`` seconds.
+                         lease: Lease | None = None,
+                         fault: BaseException | None = None) -> Committed:
+    """``engine().commit(plan)``, through database faults for up to ``window`` seconds
+    (``fault``: an attempt already made met this one).
 
     After a fault the commit may or may not have landed (the reply can be lost after the
     server committed), so nothing is sent again until the run's chain head has said which: at
@@ -100,10 +151,14 @@ def commit_riding_faults(plan: Plan, clock: Any, *, window: float,
     deadline = time.monotonic() + window
     delay = 0.05
     while True:
-        try:
-            return engine().commit(plan, clock)
-        except DATABASE_FAULTS as exc:
-            _wait_out(exc, plan, delay, deadline)
+        if fault is not None:
+            _wait_out(fault, plan, delay, deadline)
+            fault = None
+        else:
+            try:
+                return engine().commit(plan, clock)
+            except DATABASE_FAULTS as exc:
+                _wait_out(exc, plan, delay, deadline)
         while True:  # in doubt: ask until the database answers, never commit blind
             delay = min(delay * 2, 2.0)
             try:

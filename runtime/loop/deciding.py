@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from runtime import crashpoints
-from runtime.agents.aio import run_awaitable
+from runtime.agents.aio import call_blocking, run_awaitable
 from runtime.agents.llm import Decision, FinalAnswer, LLMResponse, ToolCall
 from runtime.canonical import check_payload, dumps
 from runtime.conf import setting
@@ -42,9 +42,7 @@ def decide(ex: Execution, step: Step) -> Step | None:
                             step_index=step.index)
         connection_release()  # the LLM's wait holds no connection of the database's
         try:
-            response = ex.agent.llm.complete(ex.transcript, ex.agent.tool_specs)
-            if inspect.isawaitable(response):  # an async model client
-                response = run_awaitable(response)
+            response = ask(ex.agent.llm, ex.transcript, ex.agent.tool_specs)
             decisions = _checked_decisions(response)
             # Later decisions wait in the run row: each must be storable now, or the LLM's
             # answer fails like any other it gave that cannot be kept.
@@ -73,6 +71,18 @@ def decide(ex: Execution, step: Step) -> Step | None:
         ex.fail_step(plan, step, FailureCode.BUDGET_EXCEEDED, over)
         return None
     return apply_decision(ex, plan, step, decisions[0])
+
+
+def ask(llm: Any, transcript: Any, tools: Any) -> Any:
+    """The model's response: an async client's coroutine awaited (on the event-loop worker,
+    on its loop), a sync client called where it may block (on that worker, its pool), unless
+    it says it never waits (``blocks = False``)."""
+    complete = llm.complete
+    if getattr(llm, "blocks", True) and not inspect.iscoroutinefunction(complete):
+        response = call_blocking(complete, transcript, tools)
+    else:
+        response = complete(transcript, tools)
+    return run_awaitable(response) if inspect.isawaitable(response) else response
 
 
 def apply_decision(ex: Execution, plan: Plan, step: Step, decision: Decision) -> Step | None:

@@ -7,12 +7,12 @@ run does first in ``runtime.loop.recovery``; asking the LLM in ``runtime.loop.de
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from runtime import crashpoints
 from runtime.agents.agent import get_agent
+from runtime.agents.aio import pause
 from runtime.agents.tools import ToolContext
 from runtime.canonical import check_payload
 from runtime.clock import SYSTEM_CLOCK, Clock
@@ -21,6 +21,7 @@ from runtime.crashpoints import CrashPoint
 from runtime.errors import InvalidPayload, LeaseLost, UnknownAgent
 from runtime.leasing.claims import Acquired, acquired_crash_points, run_acquire
 from runtime.leasing.heartbeat import LeaseKeeper, make_owner
+from runtime.leasing.lease import Committer, lease_commit
 from runtime.loop.deciding import decide
 from runtime.loop.execution import AGENT_LOADED, Execution
 from runtime.loop.recovery import recover
@@ -42,6 +43,7 @@ class Driver:
         keeper: LeaseKeeper | None = None,
         owner_is_dead: Any = None,
         sleep: Callable[[float], Any] | None = None,
+        committer: Committer = lease_commit,
     ) -> None:
         self.owner = owner or make_owner(name)
         self.lease_seconds = float(lease_seconds or setting("LEASE_SECONDS"))
@@ -49,7 +51,8 @@ class Driver:
         self.keeper = keeper
         self.owner_is_dead = owner_is_dead
         # How a wait before an LLM retry passes time, in short slices (tests pass a fast one).
-        self.sleep = sleep or time.sleep
+        self.sleep = sleep or pause
+        self.committer = committer  # who executes the plans (``Execution.committer``)
 
     def drive(self, run_id: int) -> Run:
         """Take the run's lease (claim, or take over an expired one) and execute it.
@@ -83,7 +86,8 @@ class Driver:
         try:
             execution = Execution(
                 acquired.lease, acquired.run, None, clock=self.clock, should_stop=should_stop,
-                first_claim=not (acquired.resumed or acquired.taken_over), sleep=self.sleep)
+                first_claim=not (acquired.resumed or acquired.taken_over), sleep=self.sleep,
+                committer=self.committer)
             run_loop(execution)
         finally:
             keeper.discard(acquired.lease)

@@ -13,7 +13,6 @@ Whatever must be durable before an outside call is committed before it, never fo
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
@@ -21,6 +20,7 @@ from typing import Any, cast
 
 from runtime import crashpoints
 from runtime.agents.agent import Agent
+from runtime.agents.aio import pause
 from runtime.agents.llm import Transcript, TranscriptEntry
 from runtime.agents.policy import (
     Deny,
@@ -34,7 +34,7 @@ from runtime.canonical import iso_time, request_digest, step_idempotency_key
 from runtime.crashpoints import CrashPoint
 from runtime.effects import Effect
 from runtime.errors import AuthorizationWithdrawn, LeaseLost
-from runtime.leasing.lease import Lease, lease_commit, lease_plan
+from runtime.leasing.lease import Committer, Lease, lease_commit, lease_plan
 from runtime.models import (
     Approval,
     ApprovalKind,
@@ -96,10 +96,14 @@ class Execution:
 
     def __init__(self, lease: Lease, run: Run, agent: Agent | None, *, clock: Any,
                  should_stop: Callable[[], bool] | None = None, first_claim: bool = False,
-                 sleep: Callable[[float], Any] = time.sleep) -> None:
+                 sleep: Callable[[float], Any] = pause,
+                 committer: Committer = lease_commit) -> None:
         self.lease, self.run, self.agent, self.clock = lease, run, agent, clock
         self.should_stop = should_stop or (lambda: False)
         self.sleep = sleep
+        # Who executes this run's plans: ``lease_commit`` here, or the event-loop worker's
+        # committer threads while the loop runs other runs (``runtime.worker.eventloop``).
+        self.committer = committer
         # A run claimed for the first time has no steps yet: nothing to read.
         self.steps: list[Step] = [] if first_claim else list(
             Step.objects.filter(run_id=run.pk).order_by("index"))
@@ -126,7 +130,7 @@ class Execution:
     def commit(self, plan: Plan) -> None:
         if plan.gated:
             self.check_lease()
-        lease_commit(self.lease, plan, self.clock)
+        self.committer(self.lease, plan, self.clock)
         self.status = plan.run.get("status", self.status)
         for point, step in plan.after:
             crashpoints.reached(point, run_id=self.run.pk, step_index=step)

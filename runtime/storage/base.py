@@ -39,6 +39,7 @@ class Committed:
 class Engine(Protocol):
     vendor: str
     locks_rows: bool  # claims lock the row (FOR UPDATE) rather than read and compare-and-set
+    groups_commits: bool  # ``commit_many`` writes its plans in one transaction
 
     def commit(self, plan: Plan, clock: Any) -> Committed: ...
 

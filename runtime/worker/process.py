@@ -38,6 +38,7 @@ from runtime.storage.base import ReadyWatch, WorkerStorage
 from runtime.storage.engines import engine
 from runtime.storage.faults import DATABASE_FAULTS, pause_after_fault
 from runtime.storage.protocol import protocol_check
+from runtime.worker.eventloop import EventLoop, TaskSlot
 from runtime.worker.registration import (
     worker_beat,
     worker_register,
@@ -51,10 +52,13 @@ HOUSEKEEPING_SECONDS = 0.5  # how often a worker fires due schedules and expires
 DEAD_OWNERS_SECONDS = 1.0  # how stale the list of this host's dead workers may be
 CLAIM_BATCH = 32  # runs claimed in one transaction at most
 CLAIM_LINGER = 0.02  # how long a free slot may wait for others before it is claimed for
+COMMIT_THREADS = 16  # the event loop's committer threads at most
+LOOP_KINDS = ("asyncio", "threads")
 
 
 class WorkerProcess:
-    """One worker process: ``concurrency`` threads, one lease owner id, one heartbeat."""
+    """One worker process: ``concurrency`` runs in flight (tasks on one event loop, or a thread
+    each), one lease owner id, one heartbeat."""
 
     def __init__(
         self,
@@ -68,9 +72,16 @@ class WorkerProcess:
         burst: bool = False,
         clock: Clock = SYSTEM_CLOCK,
         cpu: str | int = "off",
+        loop: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        # "asyncio": runs in flight are tasks on one event loop (``runtime.worker.eventloop``);
+        # "threads": each runs on a slot thread of its own (``runtime.worker.slots``).
+        self.loop_kind = loop or str(setting("WORKER_LOOP"))
+        if self.loop_kind not in LOOP_KINDS:
+            raise ValueError(f"loop must be one of {', '.join(LOOP_KINDS)}, not {loop!r}")
+        self._loop: EventLoop | None = None
         self.name, self.concurrency, self.burst = name, concurrency, burst
         self.lease_seconds = float(lease_seconds or setting("LEASE_SECONDS"))
         self.poll_interval, self.grace_seconds = poll_interval, grace_seconds
@@ -91,8 +102,8 @@ class WorkerProcess:
         self._lock = threading.Lock()
         # Run id -> (set when the run is done here, its lease), for every run in flight.
         self._active: dict[int, tuple[threading.Event, Lease]] = {}
-        self._slots: list[Slot] = []
-        self._free: list[Slot] = []
+        self._slots: list[Slot | TaskSlot] = []
+        self._free: list[Slot | TaskSlot] = []
         # Runs claimed while the run of the slot they will take was committing its end (its
         # lease ``ending``): the first slot to free takes the oldest.
         self._pending: deque[Acquired] = deque()
@@ -117,7 +128,7 @@ class WorkerProcess:
         self.pinned = cpu_pin(self.cpu)  # before any thread of the worker's starts
         # The engine's services: SQLite's checkpointer; PostgreSQL's pool, which runs in
         # flight borrow from, beside the main thread, the heartbeat and the sender.
-        self._storage = storage = engine().worker_storage(self.concurrency + 3)
+        self._storage = storage = engine().worker_storage(self._threads() + 3)
         storage.start()
         try:
             if not self._register():
@@ -135,11 +146,19 @@ class WorkerProcess:
         if channels():  # notifications to deliver: a thread of their own (they wait on I/O)
             self._sender = OutboxSender(self.clock)
             self._sender.start()
-        self._slots = [Slot(f"{self.name}-slot{n}", self._execute)
-                       for n in range(self.concurrency)]
+        if self.loop_kind == "asyncio":
+            self._loop = EventLoop(self.name, self._execute,
+                                   commit_threads=self._commit_threads(),
+                                   blocking_threads=self._blocking_threads())
+            self.driver.committer = self._loop.commit
+            self._slots = list(self._loop.slots(self.concurrency))
+        else:
+            self._slots = [Slot(f"{self.name}-slot{n}", self._execute)
+                           for n in range(self.concurrency)]
         self._free = list(self._slots)
-        log.info("worker %s started: concurrency %d, lease %.1fs, poll %.2fs, agents %s%s",
-                 self.owner, self.concurrency, self.lease_seconds, self.poll_interval,
+        log.info("worker %s started: %s, concurrency %d, lease %.1fs, poll %.2fs, agents %s%s",
+                 self.owner, "event loop" if self._loop else "threads", self.concurrency,
+                 self.lease_seconds, self.poll_interval,
                  ", ".join(self.agents) or "none (it claims nothing)",
                  f", CPU {self.pinned.cpu}" if self.pinned else "")
         delay = 0.05
@@ -168,6 +187,23 @@ class WorkerProcess:
         finally:
             self._shutdown()
         return 3 if self.refusal is not None else 0
+
+    def _commit_threads(self) -> int:
+        """The event loop's committer threads: one per run in flight up to ``COMMIT_THREADS``
+        (on SQLite their commits join one group; on PostgreSQL each holds a connection)."""
+        return min(self.concurrency, COMMIT_THREADS)
+
+    def _blocking_threads(self) -> int:
+        """The event loop's pool for blocking calls: one thread per run in flight at most
+        (made as they block), fewer where ``RUNTIME_WORKER_BLOCKING_THREADS`` says."""
+        cap = int(setting("WORKER_BLOCKING_THREADS"))
+        return min(self.concurrency, cap) if cap else self.concurrency
+
+    def _threads(self) -> int:
+        """The threads that talk to the database while runs are in flight."""
+        if self.loop_kind == "asyncio":
+            return 1 + self._commit_threads() + self._blocking_threads()
+        return self.concurrency
 
     def _idle(self, watch: ReadyWatch) -> None:
         """Wait until the next poll, or less: a run that became claimable (an approval, a new
@@ -230,6 +266,8 @@ class WorkerProcess:
                         "released" if released else "already lost")
         for slot in self._slots:
             slot.stop()  # a slot stuck in a call it never returns from dies with the process
+        if self._loop is not None:
+            self._loop.stop()
         self.keeper.stop()
         if self._sender is not None:
             self._sender.stop()
@@ -351,7 +389,7 @@ class WorkerProcess:
         if slot is not None:
             slot.give(acquired)
 
-    def _execute(self, slot: Slot, acquired: Acquired) -> None:
+    def _execute(self, slot: Slot | TaskSlot, acquired: Acquired) -> None:
         run_id = acquired.run.pk
         try:
             run = self.driver.execute(acquired, should_stop=self._stop.is_set, reload=False)

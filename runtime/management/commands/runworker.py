@@ -32,7 +32,12 @@ class Command(BaseCommand):
             "-v 1 logs each run's claim and end, -v 2 also every event it records.")
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--concurrency", type=int, default=1, help="threads (default 1)")
+        parser.add_argument("--concurrency", type=int, default=1,
+                            help="runs in flight at once (default 1)")
+        parser.add_argument("--loop", choices=("asyncio", "threads"),
+                            default=str(conf.value("RUNTIME_WORKER_LOOP")),
+                            help="runs in flight as tasks on one event loop (asyncio, the "
+                            "default; RUNTIME_WORKER_LOOP sets another) or a thread each")
         parser.add_argument("--name", default="worker", help="lease owner name prefix")
         parser.add_argument("--lease-seconds", type=float, default=None)
         parser.add_argument("--poll-interval", type=float, default=None,
@@ -94,7 +99,7 @@ class Command(BaseCommand):
             poll_interval=opts["poll_interval"] or (
                 2.0 if connection.vendor == "postgresql" else 0.5),
             grace_seconds=opts["grace_seconds"], agents=opts["agents"], burst=opts["burst"],
-            cpu=cpu)
+            cpu=cpu, loop=opts["loop"])
         signals = {"count": 0}
 
         def on_signal(signum: int, frame: Any) -> None:

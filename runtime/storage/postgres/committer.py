@@ -73,6 +73,7 @@ def _casts(model: Any, names: list[str]) -> list[str]:
 class PostgresEngine:
     vendor = "postgresql"
     locks_rows = True
+    groups_commits = False  # each commit on a pooled connection of its own
 
     def commit(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]

@@ -143,6 +143,7 @@ def write_transaction(*, lean: bool = True) -> Any:
 class SqliteEngine:
     vendor = "sqlite"
     locks_rows = False  # one writer: a claim reads outside the lock, its fence decides
+    groups_commits = True  # a worker's runs in flight commit together (one sync)
 
     def commit(self, plan: Plan, clock: Any) -> Committed:
         db = connections[DEFAULT_DB_ALIAS]
