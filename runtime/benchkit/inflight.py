@@ -20,10 +20,11 @@ everything is read from the database and from the workers' own stop lines:
   over every step they ran;
 - "database is locked" and tracebacks: counted in the workers' output.
 
-Three lines: **in flight** (one process, ``--concurrency N``, an LLM answering after 100 ms:
-the ideal is N x 10 steps/s), **no wait** (zero-latency LLM, 1 and 16 in flight) and
+Four lines: **in flight** (one process, ``--concurrency N``, an async LLM answering after 100 ms:
+the ideal is N x 10 steps/s), **no wait** (zero-latency LLM, 1 and 16 in flight),
 **processes** (1, 2, 4 processes with ``PROCESS_IN_FLIGHT`` runs in flight each, zero-latency
-LLM). Each line is measured in three interleaved rounds and each configuration reported by its
+LLM) and **loops** (16 in flight, zero-latency LLM, ``--loop threads`` then the default event
+loop). Each line is measured in three interleaved rounds and each configuration reported by its
 median round: the machine's speed drifts within minutes. A ratio is the median of the ratios
 within each round, whose configurations were measured one after the other (``paired_ratios``).
 """
@@ -67,6 +68,8 @@ SIZES: dict[str, tuple[Any, Any]] = {
 # processes); a queue that runs dry is reported.
 NOWAIT_STEPS_PER_S = 3_000
 PROCESS_IN_FLIGHT = 16  # runs in flight per process on the processes line
+LOOPS = ("threads", "asyncio")  # the loops line: a thread per run, then the event loop
+LOOPS_IN_FLIGHT = 16
 RAMP_TIMEOUT = 10.0  # seconds given a level's workers to have every slot busy (reported)
 
 FSYNC_SOURCE = r"""
@@ -133,7 +136,7 @@ def _fsyncs(env: dict[str, str] | None, workers: list[WorkerProc]) -> int | None
 
 def level(template: Path, directory: Path, tag: str, *, agent: str, processes: int,
           concurrency: int, warm: float, window: float, fsync_env: dict[str, str] | None,
-          steps_per_s_bound: float, cpu: str = "off") -> dict[str, Any]:
+          steps_per_s_bound: float, cpu: str = "off", loop: str = "asyncio") -> dict[str, Any]:
     """One configuration on a fresh copy of ``template``: queue, run, measure, stop."""
     db = directory / f"{tag}.sqlite3"
     shutil.copyfile(template, db)
@@ -144,7 +147,8 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
     runs = slots + math.ceil(steps_per_s_bound * (warm + window + 3) / STEPS_PER_RUN)
     ids = create_runs(agent, runs, None if agent == "bench_wait" else WAIT_TOOL_CALLS)
     lo, hi = min(ids), max(ids)
-    workers = [WorkerProc(db, logs, ["--concurrency", str(concurrency), "--cpu", cpu],
+    workers = [WorkerProc(db, logs, ["--concurrency", str(concurrency), "--cpu", cpu,
+                                     "--loop", loop],
                           f"{tag}-{i}", env=fsync_env) for i in range(processes)]
     try:
         began = time.monotonic()
@@ -195,7 +199,7 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
     # The workers' active span: the first claim to the last event (start-up and stop aside).
     active = (max(b for _, b in spans) - starts[0]).total_seconds() if spans else 0.0
     return {
-        "processes": processes, "concurrency": concurrency, "in_flight": slots,
+        "processes": processes, "concurrency": concurrency, "in_flight": slots, "loop": loop,
         "agent": agent, "runs_queued": runs,
         "unclaimed": runs - bisect_left(starts, t1),  # never started before the window's end
         "ramp_seconds": ramp, "window_seconds": seconds, "steps": counted,
@@ -264,6 +268,17 @@ def measure(path: Path, quick: bool, step: Callable[[str], None],
                         steps_per_s_bound=NOWAIT_STEPS_PER_S, **common))
             r[key] = [_median_round(rounds[n]) for n in agent_sizes]
             paired_ratios(r[key], [rounds[n] for n in agent_sizes])
+        # The event loop against a thread per run, LOOPS_IN_FLIGHT runs in flight, no wait.
+        kinds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in LOOPS}
+        for k in range(size["rounds"]):
+            for kind in LOOPS:
+                step(f"loops: {kind}, {LOOPS_IN_FLIGHT} in flight, round {k + 1}")
+                kinds[kind].append(level(
+                    tag=f"loop-{kind}-{k}", agent="bench_read", processes=1,
+                    concurrency=LOOPS_IN_FLIGHT, steps_per_s_bound=NOWAIT_STEPS_PER_S,
+                    loop=kind, **common))
+        r["loops"] = [_median_round(kinds[kind]) for kind in LOOPS]
+        paired_ratios(r["loops"], [kinds[kind] for kind in LOOPS])
     finally:
         point_default_at(path)
     r["targets"] = targets(r)
@@ -320,12 +335,20 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"{one['fsyncs_per_step']:.2f} ({commits:.2f} commits per step)")
     nw = {x["in_flight"]: x for x in r["nowait"]}
     if 1 in nw and 16 in nw:
-        add("no wait: 16 in flight >= 2 x one in flight", nw[16]["ratio"] >= 2,
+        add("no wait: 16 in flight >= 2.5 x one in flight", nw[16]["ratio"] >= 2.5,
             _ratio_figure(nw[16], nw[1]))
+        add("no wait: CPU per step at 16 in flight <= 0.3 ms", nw[16]["cpu_ms_per_step"] <= 0.3,
+            f"{nw[16]['cpu_ms_per_step']:.2f} ms (one in flight: "
+            f"{nw[1]['cpu_ms_per_step']:.2f} ms)")
+    if len(r.get("loops", [])) == 2:
+        threads, loop = r["loops"]
+        add(f"event loop >= thread per run at {LOOPS_IN_FLIGHT} in flight (no wait)",
+            loop["ratio"] >= 1, _ratio_figure(loop, threads)
+            + f"; CPU {loop['cpu_ms_per_step']:.2f} vs {threads['cpu_ms_per_step']:.2f} ms/step")
     pr = {x["processes"]: x for x in r["processes"]}
     if 1 in pr and 2 in pr:
         add("2 processes >= 1.6 x one", pr[2]["ratio"] >= 1.6, _ratio_figure(pr[2], pr[1]))
-    every = r["levels"] + r["nowait"] + r["processes"]
+    every = r["levels"] + r["nowait"] + r["processes"] + r.get("loops", [])
     locked = sum(x["locked_errors"] for x in every)
     add('no "database is locked" in any worker\'s output', locked == 0, f"{locked} found")
     bad = [f"{x['in_flight']} ({x['processes']} proc)" for x in every

@@ -275,6 +275,14 @@ def render_inflight(r: dict[str, Any]) -> str:
                 f"{x['in_flight']}: " + ", ".join(f"{v:.2f}" for v in x["rounds_ratio"])
                 for x in r[key][1:]) + "); of the median rounds: " + ", ".join(
                 f"{x['ratio_of_medians']:.2f}" for x in r[key][1:]))
+    if r.get("loops"):
+        out += ["", f"4. Loops: one process, {r['loops'][0]['in_flight']} in flight, zero-latency "
+                f"LLM, runworker --loop threads then asyncio{rounds}",
+                head.format(extra="  x first").replace("  in flight", "       loop")]
+        for x in r["loops"]:
+            out.append(row(x, f"{x['ratio']:8.2f}").replace(
+                f"  {x['in_flight']:9}", f"  {x['loop']:>9}", 1))
+        rounds_line(r["loops"])
     out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
             " a step.started to the run's next step.started (or its end);",
             "   plans: distinct (run, time) of the window's events; commits: the workers' "

@@ -188,10 +188,13 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
     env.pop("DATABASE_URL", None)
     proc = subprocess.run([sys.executable, "manage.py", "bench", "--inflight", "--quick",
                            "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["section"] == "inflight" and data["quick"] is True
+    assert [x["loop"] for x in data["loops"]] == ["threads", "asyncio"]
+    assert {x["in_flight"] for x in data["loops"]} == {16}
+    assert {x["loop"] for x in data["levels"] + data["nowait"]} == {"asyncio"}
     assert [x["in_flight"] for x in data["levels"]] == [1, 16, 64]
     assert [x["in_flight"] for x in data["nowait"]] == [1, 16]
     assert [x["processes"] for x in data["processes"]] == [1, 2]
@@ -203,7 +206,7 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
         assert x["ideal_steps_per_s"] == x["in_flight"] * 10
         assert x["percent_of_ideal"] == pytest.approx(
             100 * x["steps_per_s"] / x["ideal_steps_per_s"])
-    for x in data["levels"] + data["nowait"] + data["processes"]:
+    for x in data["levels"] + data["nowait"] + data["processes"] + data["loops"]:
         assert x["steps_per_s"] > 0 and x["steps"] > 0, x
         assert x["p99_ms"] >= x["p50_ms"] > 0, x
         assert x["locked_errors"] == 0 and x["tracebacks"] == 0, x
@@ -213,7 +216,7 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
         assert x["fsyncs_per_step"] is None or x["fsyncs_per_step"] > 0, x
         # every line in rounds (one with --quick), each configuration its median round's
         assert x["rounds_steps_per_s"] == [x["steps_per_s"]], x
-    for line in ("nowait", "processes"):
+    for line in ("nowait", "processes", "loops"):
         assert data[line][0]["ratio"] == 1.0
         for x in data[line]:  # one round: the paired ratio is the ratio of the medians
             assert x["rounds_ratio"] == [pytest.approx(x["ratio"])]
@@ -222,9 +225,11 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
     assert any("ideal" in n and "64 in flight" in n for n in names)
     assert any(n.startswith("no wait: 16 in flight") for n in names)
     assert any(n.startswith("2 processes") for n in names)
+    assert any(n.startswith("event loop >= thread per run") for n in names)
+    assert any(n.startswith("no wait: CPU per step at 16") for n in names)
     assert any("database is locked" in n for n in names)
     assert all(isinstance(t["met"], bool) and t["figure"] for t in data["targets"])
-    assert "Targets" in proc.stdout and "% ideal" in proc.stdout
+    assert "Targets" in proc.stdout and "% ideal" in proc.stdout and "4. Loops" in proc.stdout
     assert not list((tmp_path / "var").glob("bench-*"))  # its databases were removed
 
 

@@ -18,8 +18,9 @@ from runtime.clock import SYSTEM_CLOCK
 from runtime.crashpoints import CrashPoint
 from runtime.errors import LeaseLost, SimulatedCrash
 from runtime.leasing.claims import run_acquire, run_claim_many
-from runtime.leasing.lease import Lease, lease_commit, lease_plan
+from runtime.leasing.lease import Lease, lease_commit, lease_commit_many, lease_plan, lease_settle
 from runtime.models import Event, Run, Step, StepStatus
+from runtime.storage.base import Committed
 from runtime.storage.plan import Plan
 from runtime.storage.runs import run_create
 from runtime.storage.sqlite import committer as sqlite_engine
@@ -336,3 +337,42 @@ def test_a_worker_killed_in_the_middle_of_a_group_commit_loses_that_group_only(d
     assert report.runs == len(runs) and report.violations == []
     executions = kit.ledger.executions()
     assert all(executions[(run_id, 2)] >= 1 for run_id in runs)
+
+
+def test_lease_commit_many_writes_one_group_and_refuses_a_stale_plan_alone(sqlite_path):
+    """The event-loop worker's commit of one turn of its loop: every plan in one group, each
+    fenced on its own; the one whose run moved on hears ``LeaseLost``, the others commit."""
+    first, lost, last = leases(3)
+    lease_commit(Lease(lost.run_id, lost.owner, lost.epoch, lost.expires_at, lost.position,
+                       seconds=60), noted(lost, "elsewhere"), SYSTEM_CLOCK)
+    groups = committer().stats.groups
+    results = lease_commit_many([(lease, noted(lease, "many")) for lease in (first, lost, last)],
+                                SYSTEM_CLOCK)
+    assert committer().stats.groups == groups + 1
+    assert isinstance(results[1], LeaseLost)
+    for lease, result in ((first, results[0]), (last, results[2])):
+        assert isinstance(result, Committed)
+        assert lease.position == (result.seq, result.head)
+    assert Event.objects.filter(payload__note="many").count() == 2
+
+
+def test_a_fault_in_a_commit_of_many_is_ridden_out_from_each_chain_head(sqlite_path,
+                                                                        monkeypatch):
+    """A fault of the whole group: with ``ride_faults=False`` each plan gets the fault back
+    (nothing blind is sent again); ``lease_settle`` then learns from the chain head that it did
+    not land and commits it once."""
+    from django.db import OperationalError
+
+    a, b = leases(2)
+    engine_class = type(sqlite_engine.SqliteEngine())
+    real = engine_class.commit_many
+    monkeypatch.setattr(engine_class, "commit_many", lambda self, plans, clock: [
+        OperationalError("disk I/O error")] * len(plans))
+    items = [(lease, noted(lease, "faulted")) for lease in (a, b)]
+    results = lease_commit_many(items, SYSTEM_CLOCK, ride_faults=False)
+    assert all(isinstance(r, OperationalError) for r in results)
+    monkeypatch.setattr(engine_class, "commit_many", real)
+    for (lease, plan), fault in zip(items, results, strict=True):
+        committed = lease_settle(lease, plan, SYSTEM_CLOCK, fault)
+        assert lease.position == (committed.seq, committed.head)
+    assert Event.objects.filter(payload__note="faulted").count() == 2
