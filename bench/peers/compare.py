@@ -3,7 +3,8 @@ interleaved rounds (the machine's speed drifts within minutes), and print each s
 steps/s and its ratio to this project's, the median of each round's ratio.
 
     python bench/peers/compare.py --runtime .venv/bin/python \\
-        --langgraph /tmp/peers/bin/python --dbos /tmp/peers/bin/python --rounds 3
+        --langgraph /tmp/peers/bin/python --dbos /tmp/peers/bin/python --rounds 3 \\
+        --inflight 1,16
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--inflight", default="1",
+                        help="runs in flight, comma-separated levels (default 1; e.g. 1,16)")
     args = parser.parse_args()
+    levels = [int(x) for x in args.inflight.split(",")]
     lines: list[tuple[str, str, list[str]]] = [("runtime", "runtime_steps.py", [])]
     if args.langgraph:
         lines += [("langgraph-sync", "langgraph_steps.py", ["--durability", "sync"]),
@@ -41,17 +45,29 @@ def main() -> None:
         lines.append(("dbos", "dbos_steps.py", []))
     python = {"runtime": args.runtime, "langgraph-sync": args.langgraph,
               "langgraph-async": args.langgraph, "dbos": args.dbos}
-    rounds: list[dict[str, float]] = []
+    rounds: list[dict[tuple[str, int], float]] = []
     for _ in range(args.rounds):
-        rounds.append({name: measure(python[name], script, extra, args.runs,
-                                     args.steps)["steps_per_s"]
-                       for name, script, extra in lines})
-    print(f"{args.runs} runs of {args.steps} no-op steps, one run at a time, "
-          f"{args.rounds} interleaved rounds (SQLite WAL, synchronous=FULL)")
-    for name, _, _ in lines:
-        median = statistics.median(r[name] for r in rounds)
-        ratio = statistics.median(r["runtime"] / r[name] for r in rounds)
-        print(f"  {name:16} {median:8.0f} steps/s   agent-runtime / it: {ratio:.2f} x")
+        rounds.append({(name, n): measure(python[name], script, [*extra, "--inflight", str(n)],
+                                          args.runs * (n if n > 1 else 1), args.steps)
+                       ["steps_per_s"] for n in levels for name, script, extra in lines})
+    print(f"runs of {args.steps} no-op steps, {args.rounds} interleaved rounds "
+          f"(SQLite WAL, synchronous=FULL); {args.runs} runs a round at one in flight, "
+          f"{args.runs} x N at N in flight")
+    for n in levels:
+        print(f"{n} in flight")
+        for name, _, _ in lines:
+            median = statistics.median(r[name, n] for r in rounds)
+            ratio = statistics.median(r["runtime", n] / r[name, n] for r in rounds)
+            print(f"  {name:16} {median:8.0f} steps/s   agent-runtime / it: {ratio:.2f} x")
+    peers = [name for name, _, _ in lines if name != "runtime"]
+    if peers:
+        best = statistics.median(max(r[name, n] for name in peers for n in levels)
+                                 for r in rounds)
+        for n in levels:
+            ratio = statistics.median(r["runtime", n] / max(r[name, m] for name in peers
+                                                             for m in levels) for r in rounds)
+            print(f"agent-runtime at {n} in flight / the best peer figure at any level "
+                  f"({best:.0f} steps/s): {ratio:.2f} x")
 
 
 if __name__ == "__main__":

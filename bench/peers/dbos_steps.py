@@ -1,4 +1,5 @@
-"""DBOS's side of the peers table: workflows of N no-op steps, one at a time, on a fresh
+"""DBOS's side of the peers table: workflows of N no-op steps, one at a time (or ``--inflight
+K``: started K at a time with ``DBOS.start_workflow``, each wave awaited), on a fresh
 SQLite system database (WAL, ``synchronous=FULL`` set on every connection it opens). Run it in
 a venv of its own (``pip install dbos``); it prints one JSON line."""
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--inflight", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         DBOS(config={"name": "peers", "system_database_url":
@@ -43,11 +45,18 @@ def main() -> None:
         DBOS.launch()
         run(args.steps)  # warm-up
         began = time.perf_counter()
-        for _ in range(args.runs):
-            assert run(args.steps) == sum(range(args.steps))
+        if args.inflight == 1:
+            for _ in range(args.runs):
+                assert run(args.steps) == sum(range(args.steps))
+        else:
+            for start in range(0, args.runs, args.inflight):
+                handles = [DBOS.start_workflow(run, args.steps)
+                           for _ in range(min(args.inflight, args.runs - start))]
+                assert all(h.get_result() == sum(range(args.steps)) for h in handles)
         seconds = time.perf_counter() - began
         DBOS.destroy()
-    print(json.dumps({"system": "dbos", "runs": args.runs, "steps": args.runs * args.steps,
+    print(json.dumps({"system": "dbos", "runs": args.runs, "inflight": args.inflight,
+                      "steps": args.runs * args.steps,
                       "seconds": seconds, "steps_per_s": args.runs * args.steps / seconds}))
 
 

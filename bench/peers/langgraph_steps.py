@@ -1,5 +1,6 @@
-"""LangGraph's side of the peers table: runs of N no-op steps, one run at a time, each step
-checkpointed by ``SqliteSaver`` on a fresh SQLite file in WAL mode with ``synchronous=FULL``.
+"""LangGraph's side of the peers table: runs of N no-op steps, one run at a time (or
+``--inflight K`` runs at once on K threads sharing the one saver), each step checkpointed by
+``SqliteSaver`` on a fresh SQLite file in WAL mode with ``synchronous=FULL``.
 Run it in a venv of its own (``pip install langgraph langgraph-checkpoint-sqlite``); it prints
 one JSON line."""
 
@@ -10,6 +11,7 @@ import json
 import sqlite3
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypedDict
 
@@ -26,6 +28,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--durability", choices=("sync", "async"), default="sync")
+    parser.add_argument("--inflight", type=int, default=1)
     args = parser.parse_args()
 
     def step(state: State) -> State:
@@ -45,14 +48,22 @@ def main() -> None:
         app = graph.compile(checkpointer=SqliteSaver(conn))
         app.invoke({"n": 0}, {"configurable": {"thread_id": "warm-up"}},
                    durability=args.durability)
-        began = time.perf_counter()
-        for i in range(args.runs):
+        def one(i: int) -> None:
             out = app.invoke({"n": 0}, {"configurable": {"thread_id": str(i)}},
                              durability=args.durability)
             assert out["n"] == args.steps
+
+        began = time.perf_counter()
+        if args.inflight == 1:
+            for i in range(args.runs):
+                one(i)
+        else:
+            with ThreadPoolExecutor(args.inflight) as pool:
+                list(pool.map(one, range(args.runs)))
         seconds = time.perf_counter() - began
         conn.close()
     print(json.dumps({"system": f"langgraph ({args.durability})", "runs": args.runs,
+                      "inflight": args.inflight,
                       "steps": args.runs * args.steps, "seconds": seconds,
                       "steps_per_s": args.runs * args.steps / seconds}))
 

@@ -1,7 +1,8 @@
 """This project's side of the peers table: runs of N no-op steps (N - 1 tool calls and the
-final answer), one run at a time through ``runtime.resume`` in process, on a fresh SQLite file
-(WAL, ``synchronous=FULL``, as always). Run it with the project's venv from the repository's
-root; it prints one JSON line."""
+final answer) on a fresh SQLite file (WAL, ``synchronous=FULL``, as always): one run at a time
+through ``runtime.resume`` in process, or with ``--inflight K`` a worker (``runworker``'s engine,
+in process, ``--loop`` its kind) holding K runs in flight. Run it with the project's venv from
+the repository's root; it prints one JSON line."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--inflight", type=int, default=1)
+    parser.add_argument("--loop", choices=("asyncio", "threads"), default="asyncio")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         os.environ["DATABASE_URL"] = f"sqlite:///{Path(directory) / 'runtime.sqlite3'}"
@@ -34,7 +37,13 @@ def main() -> None:
 
         call_command("migrate", verbosity=0, interactive=False)
 
-        @runtime.tool(effect="read_only")
+        import logging  # noqa: PLC0415
+
+        from runtime.worker.process import WorkerProcess  # noqa: PLC0415
+
+        logging.getLogger("runtime").setLevel(logging.WARNING)
+
+        @runtime.tool(effect="read_only", blocks=False)
         def noop(n: int) -> dict:
             """Do nothing."""
             return {"n": n}
@@ -44,11 +53,22 @@ def main() -> None:
             [*script, runtime.FinalAnswer("done")]), [noop])
         with registry.override(agent):
             runtime.resume(runtime.start("peers", {}).pk)  # warm-up
-            began = time.perf_counter()
-            for _ in range(args.runs):
-                assert runtime.resume(runtime.start("peers", {}).pk).status == "succeeded"
-            seconds = time.perf_counter() - began
-    print(json.dumps({"system": "agent-runtime (runtime.resume)", "runs": args.runs,
+            if args.inflight == 1:
+                system = "agent-runtime (runtime.resume)"
+                began = time.perf_counter()
+                for _ in range(args.runs):
+                    assert runtime.resume(runtime.start("peers", {}).pk).status == "succeeded"
+                seconds = time.perf_counter() - began
+            else:  # queued first, then one worker drains them, K in flight
+                system = f"agent-runtime (worker, --loop {args.loop})"
+                ids = [runtime.start("peers", {}).pk for _ in range(args.runs)]
+                worker = WorkerProcess(concurrency=args.inflight, burst=True,
+                                       poll_interval=0.05, loop=args.loop)
+                began = time.perf_counter()
+                assert worker.run() == 0
+                seconds = time.perf_counter() - began
+                assert worker.finished == len(ids)
+    print(json.dumps({"system": system, "runs": args.runs, "inflight": args.inflight,
                       "steps": args.runs * args.steps, "seconds": seconds,
                       "steps_per_s": args.runs * args.steps / seconds}))
 

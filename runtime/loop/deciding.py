@@ -116,7 +116,7 @@ def apply_decision(ex: Execution, plan: Plan, step: Step, decision: Decision) ->
         try:
             if tool is None:
                 raise ToolNotRegistered(ex.agent.name, decision.tool)
-            tool.validate(arguments)
+            ex.validated[idx] = tool.validate(arguments)  # the call's, if it starts here
         except (ToolNotRegistered, InvalidArguments) as exc:
             error = str(exc)
     if error:

@@ -122,7 +122,9 @@ def run_tool(ex: Execution, step: Step) -> Step | None:
     """Call the step's tool, record its outcome and begin the next step, in one commit."""
     assert ex.agent is not None, AGENT_LOADED
     tool = ex.agent.tools[step.tool]
-    kwargs = tool.validate(step.arguments)
+    kwargs = ex.validated.pop(step.index, None)
+    if kwargs is None:  # decided by an earlier execution of the run
+        kwargs = tool.validate(step.arguments)
     ctx = ToolContext(ex.run.pk, step.index, step.attempt, step.idempotency_key,
                       ex.agent.name, _on_dispatch=lambda: dispatch(ex, step))
     ex.check_lease()

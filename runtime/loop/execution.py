@@ -116,6 +116,9 @@ class Execution:
         self.tokens = run.tokens_in + run.tokens_out
         self.cost = Decimal(run.cost)
         self.status: str = run.status  # as last committed by this execution
+        # Step index -> its tool's validated arguments, from the decision to the call (a step
+        # decided here is validated once).
+        self.validated: dict[int, dict[str, Any]] = {}
 
     # -- committing ---------------------------------------------------------------------------
 

@@ -52,6 +52,8 @@ def _kinds(model: Any) -> dict[str, tuple[str, str]]:
 
 
 RUN_COLUMNS = _kinds(Run)
+RUN_KINDS = {name: kind for name, (_column, kind) in RUN_COLUMNS.items()}
+_TAIL = (("event_seq", "="), ("event_hash", "="), ("updated_at", "="))
 STEP_COLUMNS = _kinds(Step)
 STEP_INSERT = [f.attname for f in Step._meta.concrete_fields if not f.primary_key]
 EVENT_COLUMNS = ("run_id", "step_index", "seq", "kind", "payload", "actor", "at", "hash")
@@ -114,18 +116,19 @@ def cached(d: Dialect, key: tuple, build: Any) -> str:
 
 def run_update(d: Dialect, plan: Plan, seq: int, head: str) -> Statement:
     """The run row's compare-and-set: the plan's changes where its fence still holds."""
-    fields: dict[str, Any] = {**plan.run, "event_seq": seq, "event_hash": head,
-                              "updated_at": plan.at}
     shape: list[tuple[str, str]] = []
     params: list[Any] = []
-    for name, value in fields.items():
-        _column, kind = RUN_COLUMNS[name]
-        if isinstance(value, Add):
+    for name, value in plan.run.items():
+        kind = RUN_KINDS[name]
+        if type(value) is Add:
             shape.append((name, "+"))
-            params.append(adapt(d, kind, value.n))
+            value = value.n
         else:
             shape.append((name, "="))
-            params.append(adapt(d, kind, value))
+        params.append(value if kind == "plain" or value is None else adapt(d, kind, value))
+    # Every commit moves the chain head and the row's time (``_TAIL``).
+    params += (seq, head, d.time(plan.at))
+    shape += _TAIL
     take: TakeLease | None = plan.take
     marks: list[int] = []
     if take is not None:

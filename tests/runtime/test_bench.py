@@ -254,4 +254,15 @@ def test_the_peers_script_of_this_project_measures_its_runs(tmp_path):
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     line = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert line["steps"] == 6 and line["steps_per_s"] > 0
+    assert line["steps"] == 6 and line["steps_per_s"] > 0 and line["inflight"] == 1
+
+
+def test_the_peers_script_of_this_project_measures_runs_in_flight(tmp_path):
+    """``--inflight 4``: a worker drains the queued runs, four in flight, every one finished."""
+    proc = subprocess.run([sys.executable, "bench/peers/runtime_steps.py", "--runs", "6",
+                           "--steps", "3", "--inflight", "4"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["steps"] == 18 and line["inflight"] == 4 and line["steps_per_s"] > 0
+    assert "worker, --loop asyncio" in line["system"]

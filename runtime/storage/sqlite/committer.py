@@ -76,7 +76,8 @@ def db_datetime(db: Any, at: datetime | None) -> str | None:
 
 def execute(db: Any, sql: str, params: Any) -> Any:
     """Run one prepared statement on ``db`` (this thread's connection); the sqlite3 cursor."""
-    db.ensure_connection()
+    if db.connection is None:
+        db.ensure_connection()
     with db.wrap_database_errors:
         return db.connection.execute(sql, params)
 
