@@ -47,9 +47,13 @@ def main() -> None:
               "langgraph-async": args.langgraph, "dbos": args.dbos}
     rounds: list[dict[tuple[str, int], float]] = []
     for _ in range(args.rounds):
-        rounds.append({(name, n): measure(python[name], script, [*extra, "--inflight", str(n)],
-                                          args.runs * (n if n > 1 else 1), args.steps)
-                       ["steps_per_s"] for n in levels for name, script, extra in lines})
+        found = {(name, n): measure(python[name], script, [*extra, "--inflight", str(n)],
+                                    args.runs * (n if n > 1 else 1), args.steps)
+                 ["steps_per_s"] for n in levels for name, script, extra in lines}
+        # The disk's limit in the same round: plain sqlite3, one INSERT per synced commit.
+        found["ceiling", 0] = measure(args.runtime, "runtime_steps.py", ["--ceiling", "3"], 1,
+                                      1)["commits_per_s"]
+        rounds.append(found)
     print(f"runs of {args.steps} no-op steps, {args.rounds} interleaved rounds "
           f"(SQLite WAL, synchronous=FULL); {args.runs} runs a round at one in flight, "
           f"{args.runs} x N at N in flight")
@@ -59,6 +63,11 @@ def main() -> None:
             median = statistics.median(r[name, n] for r in rounds)
             ratio = statistics.median(r["runtime", n] / r[name, n] for r in rounds)
             print(f"  {name:16} {median:8.0f} steps/s   agent-runtime / it: {ratio:.2f} x")
+    ceiling = statistics.median(r["ceiling", 0] for r in rounds)
+    print(f"the ceiling (plain sqlite3, one INSERT per synced commit): {ceiling:,.0f} "
+          "commits/s; agent-runtime's steps/s against it: " + ", ".join(
+              f"{statistics.median(r['runtime', n] / r['ceiling', 0] for r in rounds):.2f} x "
+              f"at {n} in flight" for n in levels))
     peers = [name for name, _, _ in lines if name != "runtime"]
     if peers:
         best = statistics.median(max(r[name, n] for name in peers for n in levels)

@@ -23,7 +23,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--inflight", type=int, default=1)
     parser.add_argument("--loop", choices=("asyncio", "threads"), default="asyncio")
+    parser.add_argument("--ceiling", type=float, default=0.0,
+                        help="instead: plain sqlite3's synced commits/s for this many seconds")
     args = parser.parse_args()
+    if args.ceiling:
+        sys.path.insert(0, str(ROOT))
+        from runtime.benchkit.ceiling import ceiling  # noqa: PLC0415 - stdlib only
+
+        with tempfile.TemporaryDirectory() as directory:
+            commits = ceiling(Path(directory), args.ceiling)
+        print(json.dumps({"system": "plain sqlite3, one INSERT per synced commit",
+                          "commits_per_s": commits, "steps_per_s": commits}))
+        return
     with tempfile.TemporaryDirectory() as directory:
         os.environ["DATABASE_URL"] = f"sqlite:///{Path(directory) / 'runtime.sqlite3'}"
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")

@@ -30,6 +30,8 @@ from runtime.benchkit.floor import cpu_scaling
 from runtime.benchkit.steps import durable_steps
 
 PROCESSES = (1, 2, 4)
+IN_FLIGHT_RUNS = 16  # runs in flight per worker on the in-flight line
+IN_FLIGHT = ((1, "threads"), (1, "asyncio"), (2, "asyncio"))  # (processes, --loop)
 
 
 def _url(config: dict[str, Any], name: str) -> str:
@@ -106,6 +108,17 @@ def measure(dbs: dict[str, Any], logs: Path, size: dict[str, Any],
         step(f"postgresql: {n} process(es) x 1 thread")
         r["processes"].append(workers.throughput(dbs["url"], logs, processes=n, threads=1,
                                                runs=size["worker_runs"]))
+    # Many runs in flight: a thread per run against the event loop, then two event-loop
+    # workers, in interleaved rounds.
+    found: dict[tuple[int, str], list[dict[str, Any]]] = {c: [] for c in IN_FLIGHT}
+    for k in range(size["rounds"]):
+        for n, loop in IN_FLIGHT:
+            step(f"postgresql: {n} process(es) x {IN_FLIGHT_RUNS} in flight, --loop {loop}, "
+                 f"round {k + 1}")
+            found[n, loop].append(workers.throughput(
+                dbs["url"], logs, processes=n, threads=IN_FLIGHT_RUNS, loop=loop,
+                runs=size["worker_runs"] * IN_FLIGHT_RUNS // 4 * n))
+    r["inflight"] = [_median_round(found[c]) for c in IN_FLIGHT]
     return r
 
 
@@ -141,8 +154,22 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"{by[2]['steps_per_s']:.0f} vs {by[1]['steps_per_s']:.0f} steps/s = {gain:.2f}x "
             f"(the machine: {r['cpu_scaling']:.2f}x for two busy processes; the server's "
             "own processes share its cores)")
+    at = {(c["processes"], c["loop"]): c for c in r.get("inflight", [])}
+    if (1, "threads") in at and (1, "asyncio") in at:
+        threads, loop = at[1, "threads"], at[1, "asyncio"]
+        add(f"PostgreSQL, {IN_FLIGHT_RUNS} in flight: event loop >= thread per run",
+            loop["steps_per_s"] >= threads["steps_per_s"],
+            f"{loop['steps_per_s']:.0f} vs {threads['steps_per_s']:.0f} steps/s = "
+            f"{loop['steps_per_s'] / max(threads['steps_per_s'], 1e-9):.2f}x; CPU "
+            f"{loop['cpu_ms_per_step']:.2f} vs {threads['cpu_ms_per_step']:.2f} ms/step")
+    if (1, "asyncio") in at and (2, "asyncio") in at:
+        one, two = at[1, "asyncio"], at[2, "asyncio"]
+        gain = two["steps_per_s"] / max(one["steps_per_s"], 1e-9)
+        add(f"PostgreSQL, {IN_FLIGHT_RUNS} in flight each: 2 workers >= 1.6 x one",
+            gain >= 1.6, f"{two['steps_per_s']:.0f} vs {one['steps_per_s']:.0f} steps/s = "
+            f"{gain:.2f}x")
     ok = all(c["succeeded"] == c["runs"] and not c["overran"] and c["tracebacks"] == 0
-             for c in r["processes"])
+             for c in r["processes"] + r.get("inflight", []))
     add("every PostgreSQL bench run succeeded, no worker overran or crashed", ok,
         "yes" if ok else "no (see the processes section)")
     return out
@@ -170,6 +197,11 @@ def render(r: dict[str, Any]) -> str:
          ", ".join(f"{c['steps_per_s']:.0f}" for c in r["processes"]) + " steps/s (p99 step "
          + ", ".join(f"{c['p99_ms']:.0f}" for c in r["processes"]) + " ms)"),
     ]
+    rows += [(f"`runworker` on PostgreSQL, {c['processes']} process(es) x {c['threads']} in "
+              f"flight, --loop {c['loop']} (median of interleaved rounds)",
+              f"{c['steps_per_s']:.0f} steps/s, CPU {c['cpu_ms_per_step']:.2f} ms/step (p99 "
+              f"step {c['p99_ms']:.0f} ms; rounds {c['rounds_steps_per_s']})")
+             for c in r.get("inflight", [])]
     lines = ["| Measure | Result |", "|---|---|"]
     lines += [f"| {a} | {b} |" for a, b in rows]
     lines += ["", "| Target | Met | Figure |", "|---|---|---|"]

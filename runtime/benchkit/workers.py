@@ -138,13 +138,15 @@ def pct(values: list[float], q: float) -> float:
 
 
 def throughput(db: Path, log_dir: Path, *, processes: int, threads: int, runs: int,
-               steps: int = 10, timeout: float = 180) -> dict[str, Any]:
-    """``processes`` burst workers, ``threads`` each, drain ``runs`` queued runs."""
+               steps: int = 10, timeout: float = 180, loop: str = "asyncio") -> dict[str, Any]:
+    """``processes`` burst workers, ``threads`` runs in flight each (``--loop loop``), drain
+    ``runs`` queued runs."""
     ids = create_runs("bench_read", runs, steps)
     lo, hi = min(ids), max(ids)
-    tag = f"p{processes}-c{threads}"
-    workers = [WorkerProc(db, log_dir, ["--burst", "--concurrency", str(threads)],
-                          f"{tag}-{i}") for i in range(processes)]
+    tag = f"p{processes}-c{threads}-{loop}"
+    workers = [WorkerProc(db, log_dir, ["--burst", "--concurrency", str(threads),
+                                        "--loop", loop], f"{tag}-{i}")
+               for i in range(processes)]
     # CPU per step counts from the first step on: a process's start-up (imports, Django) is
     # not the cost of a step.
     mine = Step.objects.filter(run_id__gte=lo, run_id__lte=hi)
@@ -164,7 +166,8 @@ def throughput(db: Path, log_dir: Path, *, processes: int, threads: int, runs: i
     outputs = [w.output() for w in workers]
     transactions, held, waited = writer_use(outputs)
     return {
-        "processes": processes, "threads": threads, "runs": runs, "steps": len(rows),
+        "processes": processes, "threads": threads, "loop": loop, "runs": runs,
+        "steps": len(rows),
         "succeeded": done, "exit_codes": codes, "overran": any(w.overran for w in workers),
         "seconds": window, "steps_per_s": len(rows) / window if window else 0.0,
         "p50_ms": pct(latencies, 0.50), "p99_ms": pct(latencies, 0.99),

@@ -94,6 +94,11 @@ def test_bench_on_postgres_measures_round_trips_against_sqlite_in_the_same_run(t
     assert data["steps"]["ratio"] == pytest.approx(pg["steps_per_s"] / lite["steps_per_s"])
     assert [c["processes"] for c in data["processes"]] == [1, 2, 4]
     assert all(c["succeeded"] == c["runs"] for c in data["processes"])
+    assert [(c["processes"], c["threads"], c["loop"]) for c in data["inflight"]] == [
+        (1, 16, "threads"), (1, 16, "asyncio"), (2, 16, "asyncio")]
+    assert all(c["succeeded"] == c["runs"] and c["steps_per_s"] > 0 for c in data["inflight"])
+    assert any(t["target"].startswith("PostgreSQL, 16 in flight each: 2 workers")
+               for t in data["targets"])
     assert any(t["target"].startswith("round trips") and t["met"] for t in data["targets"])
     names = {n for (n,) in pg_admin.execute(
         "SELECT datname FROM pg_database WHERE datname LIKE 'runtime_bench_%'").fetchall()}
