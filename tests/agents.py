@@ -107,7 +107,17 @@ def _llm_that_raises(transcript):
     raise ConnectionError("the LLM is down")
 
 
-TOOLS = [noop, slow_read, slow_charge, fast_charge, notify, async_notify, long_read, boom]
+@tool(effect="read_only")
+def count_runs(ctx: ToolContext) -> dict:
+    """A sync read of the database (on the event-loop worker, from its pool's thread)."""
+    from runtime.models import Run
+
+    _record("count_runs", ctx)
+    return {"runs": Run.objects.count()}
+
+
+TOOLS = [noop, slow_read, slow_charge, fast_charge, notify, async_notify, long_read, boom,
+         count_runs]
 
 AGENTS = [
     Agent("steps5", ScriptedLLM([ToolCall("noop", {"n": i}) for i in range(5)]
@@ -130,5 +140,7 @@ AGENTS = [
                                       ToolCall("async_notify", {"to": "ann@example.com"}),
                                       FinalAnswer("sent")]), TOOLS),
     Agent("long", ScriptedLLM([ToolCall("long_read", {"seconds": 10}), FinalAnswer("done")]),
+          TOOLS),
+    Agent("counts", ScriptedLLM([ToolCall("count_runs")] * 3 + [FinalAnswer("counted")]),
           TOOLS),
 ]

@@ -140,11 +140,9 @@ def off_the_loop(fn: Callable[[], T]) -> T:
 
     def call() -> None:
         try:
-            outcome["value"] = fn()
+            outcome["value"] = _call_closing(fn)
         except BaseException as exc:  # a simulated crash or a lost lease: the caller's to see
             outcome["error"] = exc
-        finally:
-            connection.close()
 
     worker = threading.Thread(target=call, name="off-the-loop")
     worker.start()
@@ -152,3 +150,33 @@ def off_the_loop(fn: Callable[[], T]) -> T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+async def off_the_loop_async(fn: Callable[[], T]) -> T:
+    """``fn()`` on a thread of its own (its database connection closed after), awaited: the
+    loop runs on meanwhile. Whatever ``fn`` raises, ``BaseException`` included, is raised
+    here."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Any, failed: bool) -> None:
+        if not future.done():
+            (future.set_exception if failed else future.set_result)(outcome)
+
+    def call() -> None:
+        try:
+            value = _call_closing(fn)
+        except BaseException as exc:  # the awaiting tool's to see
+            loop.call_soon_threadsafe(settle, exc, True)
+        else:
+            loop.call_soon_threadsafe(settle, value, False)
+
+    threading.Thread(target=call, name="off-the-loop").start()
+    return await future
+
+
+def _call_closing(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    finally:
+        connection.close()

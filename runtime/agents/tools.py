@@ -9,7 +9,13 @@ from typing import Any, get_type_hints
 
 import pydantic
 
-from runtime.agents.aio import call_blocking, in_running_loop, off_the_loop, run_awaitable
+from runtime.agents.aio import (
+    call_blocking,
+    in_running_loop,
+    off_the_loop,
+    off_the_loop_async,
+    run_awaitable,
+)
 from runtime.effects import Effect, EffectName
 from runtime.errors import InvalidArguments
 
@@ -34,9 +40,17 @@ class ToolContext:
         """
         if not self.dispatched:
             if in_running_loop():  # from an async tool: the commit runs off the loop
-                off_the_loop(self._on_dispatch)
+                off_the_loop(self._on_dispatch)  # (which waits for it: prefer ``adispatch``)
             else:
                 self._on_dispatch()
+            self.dispatched = True
+
+    async def adispatch(self) -> None:
+        """``dispatch()`` for an ``async def`` tool: the same record, committed on a thread
+        while the loop goes on (on the event-loop worker, the other runs with it), where a
+        plain ``dispatch()`` holds the loop until its commit is done."""
+        if not self.dispatched:
+            await off_the_loop_async(self._on_dispatch)
             self.dispatched = True
 
 

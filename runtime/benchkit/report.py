@@ -262,6 +262,8 @@ def render_inflight(r: dict[str, Any]) -> str:
     for x in r["levels"]:
         out.append(row(x, f"{x['ideal_steps_per_s']:6.0f} {x['percent_of_ideal']:7.1f}%"))
     rounds_line(r["levels"])
+    out.append("   worker RSS at the window's end (MiB): " + "; ".join(
+        f"{x['in_flight']}: {x.get('rss_mib', 0):.0f}" for x in r["levels"]))
     rounds = f", median of {z['rounds']} interleaved rounds" if z["rounds"] > 1 else ""
     for key, title in (("nowait", f"2. No wait: one process, zero-latency LLM{rounds}"),
                        ("processes", f"3. Processes: N processes x {r['process_in_flight']} "

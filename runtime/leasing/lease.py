@@ -82,12 +82,29 @@ def lease_commit_many(items: Sequence[tuple[Lease, Plan]], clock: Any, *,
     ``lease_settle`` (its backoff would hold up the caller)."""
     for lease, plan in items:
         _fence(lease, plan)
-    try:
-        results = engine().commit_many([plan for _lease, plan in items], clock)
-    except DATABASE_FAULTS as exc:  # some may have landed: each finds out from its chain
-        results = [exc] * len(items)
+    # A plan that writes through the ORM is a transaction of its own: it is committed alone
+    # below (as is every plan if the group cannot be prepared: nothing of it was written).
+    together = [plan for _lease, plan in items if not plan.in_orm]
+    results: dict[int, Committed | BaseException | None] = {}
+    if len(together) > 1 and engine().groups_commits:
+        found: list[Committed | BaseException | None]
+        try:
+            found = list(engine().commit_many(together, clock))
+        except DATABASE_FAULTS as exc:  # some may have landed: each finds out from its chain
+            found = [exc] * len(together)
+        except Exception:
+            log.exception("a group of %d plans could not be prepared; each is committed alone",
+                          len(together))
+            found = [None] * len(together)
+        results = {id(plan): result for plan, result in zip(together, found, strict=True)}
     out: list[Committed | BaseException] = []
-    for (lease, plan), result in zip(items, results, strict=True):
+    for lease, plan in items:
+        result = results.get(id(plan))
+        if result is None and not ride_faults:  # alone: one attempt here, faults handed back
+            try:
+                result = engine().commit(plan, clock)
+            except BaseException as exc:
+                result = exc
         if not ride_faults and isinstance(result, DATABASE_FAULTS):
             out.append(result)
             continue

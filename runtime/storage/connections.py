@@ -13,6 +13,8 @@ log = logging.getLogger("runtime.store")
 
 # In a DATABASES entry: this process's threads lend each other its connections.
 LEND = "RUNTIME_LEND_CONNECTIONS"
+# In a DATABASES entry: this process takes its connections from a pool (a close gives one back).
+POOLED = "RUNTIME_POOLED_CONNECTIONS"
 
 
 def close_connection() -> None:
@@ -30,4 +32,14 @@ def connection_release() -> None:
     connection for every thread) or inside a transaction."""
     db = connections[DEFAULT_DB_ALIAS]
     if db.settings_dict.get(LEND) and db.connection is not None and not db.in_atomic_block:
+        db.close()
+
+
+def connection_give_back() -> None:
+    """After a call on a thread shared by many runs (the event-loop worker's pool for blocking
+    calls): where connections come from a pool, this thread's goes back to it, so a thread
+    that seldom talks to the database holds none between calls. Nothing elsewhere (SQLite, no
+    pool) or inside a transaction."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.settings_dict.get(POOLED) and db.connection is not None and not db.in_atomic_block:
         db.close()

@@ -28,6 +28,7 @@ from runtime.agents.aio import call_in, run_greenlet, run_in_greenlet, wait_for
 from runtime.leasing.claims import Acquired
 from runtime.leasing.lease import Lease, lease_commit, lease_commit_many, lease_settle
 from runtime.storage.base import Committed
+from runtime.storage.connections import close_connection, connection_give_back, connection_release
 from runtime.storage.engines import engine
 from runtime.storage.faults import DATABASE_FAULTS
 from runtime.storage.plan import Plan
@@ -50,8 +51,12 @@ class EventLoop:
         # SQLite: the plans of one turn of the loop are committed together (``_flush``).
         self.groups = engine().groups_commits
         self._batch: list[tuple[Lease, Plan, Any, asyncio.Future[Any]]] = []
-        self.commits = DaemonPool(commit_threads, f"{name}-commit")
-        self.blocking = DaemonPool(blocking_threads, f"{name}-blocking")
+        # Where the worker's threads lend each other connections (more threads than its pool
+        # has), a committer gives its own back after each commit; a blocking call's thread
+        # gives back whatever the call took from a pool.
+        self.commits = DaemonPool(commit_threads, f"{name}-commit", after=connection_release)
+        self.blocking = DaemonPool(blocking_threads, f"{name}-blocking",
+                                   after=connection_give_back)
         self._tasks: set[asyncio.Task[None]] = set()
         self._ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True, name=f"{name}-loop")
@@ -66,7 +71,8 @@ class EventLoop:
         other plan made in the same turn of the loop, in one group on the loop's thread (one
         sync, no thread woken); on PostgreSQL, on a committer thread while the loop goes on.
         From any other thread (a sync tool's ``ctx.dispatch()`` on the pool), right there."""
-        if not self.groups or run_greenlet() is None:
+        if not self.groups or plan.in_orm or run_greenlet() is None:
+            # (A plan that writes through the ORM is a transaction of its own on any engine.)
             return call_in(self.commits, lease_commit, lease, plan, clock)
         future = self.loop.create_future()
         if not self._batch:
@@ -91,15 +97,15 @@ class EventLoop:
                 results = [exc] * len(items)
             finally:
                 events._set_running_loop(self.loop)
+            if any(isinstance(r, DATABASE_FAULTS) for r in results):
+                close_connection()  # the loop's, which met the fault: the next read reconnects
             for (lease, plan, clock, future), result in zip(items, results, strict=True):
                 if isinstance(result, DATABASE_FAULTS):
                     settled = asyncio.wrap_future(self.commits.submit(
                         lease_settle, lease, plan, clock, result), loop=self.loop)
                     settled.add_done_callback(partial(_copy_outcome, future))
-                elif isinstance(result, BaseException):
-                    future.set_exception(result)
                 else:
-                    future.set_result(result)
+                    _resolve(future, result)
 
     def give(self, slot: TaskSlot, acquired: Acquired) -> None:
         self.loop.call_soon_threadsafe(self._begin, slot, acquired)
@@ -110,6 +116,8 @@ class EventLoop:
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(STOP_SECONDS)
+        if not self.thread.is_alive():
+            self.loop.close()  # its selector and self-pipe
         self.blocking.shutdown(wait=False, cancel_futures=True)
         self.commits.shutdown(wait=False)
 
@@ -136,13 +144,22 @@ class EventLoop:
             log.exception("run=%s: stopped by a BaseException", acquired.run.pk)
 
 
+def _resolve(future: asyncio.Future[Any], outcome: Any) -> None:
+    """Hand a run its commit's outcome (unless its task was cancelled meanwhile)."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 def _copy_outcome(future: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
     if done.cancelled():
-        future.cancel()
-    elif (exc := done.exception()) is not None:
-        future.set_exception(exc)
+        if not future.done():
+            future.cancel()
     else:
-        future.set_result(done.result())
+        _resolve(future, done.exception() or done.result())
 
 
 class TaskSlot:

@@ -52,7 +52,7 @@ HOUSEKEEPING_SECONDS = 0.5  # how often a worker fires due schedules and expires
 DEAD_OWNERS_SECONDS = 1.0  # how stale the list of this host's dead workers may be
 CLAIM_BATCH = 32  # runs claimed in one transaction at most
 CLAIM_LINGER = 0.02  # how long a free slot may wait for others before it is claimed for
-COMMIT_THREADS = 16  # the event loop's committer threads at most
+COMMIT_THREADS = 8  # the event loop's committer threads at most (PostgreSQL's commits)
 LOOP_KINDS = ("asyncio", "threads")
 
 
@@ -200,9 +200,10 @@ class WorkerProcess:
         return min(self.concurrency, cap) if cap else self.concurrency
 
     def _threads(self) -> int:
-        """The threads that talk to the database while runs are in flight."""
+        """The threads that keep a database connection while runs are in flight (the event
+        loop's pool for blocking calls gives back what a call took: one spare for it)."""
         if self.loop_kind == "asyncio":
-            return 1 + self._commit_threads() + self._blocking_threads()
+            return 1 + self._commit_threads() + 1
         return self.concurrency
 
     def _idle(self, watch: ReadyWatch) -> None:

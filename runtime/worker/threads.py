@@ -23,8 +23,11 @@ log = logging.getLogger("runtime.worker")
 class DaemonPool(Executor):
     """Up to ``limit`` daemon threads running submitted calls, first come first served."""
 
-    def __init__(self, limit: int, name: str) -> None:
-        self.limit, self.name = limit, name
+    def __init__(self, limit: int, name: str,
+                 after: Callable[[], None] | None = None) -> None:
+        """``after()`` runs on the thread after each call (what a call leaves behind, such as
+        a database connection, given back)."""
+        self.limit, self.name, self.after = limit, name, after
         self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
             queue.SimpleQueue())
         self._lock = threading.Lock()
@@ -71,15 +74,26 @@ class DaemonPool(Executor):
         """Threads made so far (they live as long as the pool)."""
         return len(self._threads)
 
+    def _after(self) -> None:
+        if self.after is not None:
+            try:
+                self.after()
+            except Exception:
+                log.exception("%s: cleaning up after a call failed", self.name)
+
     def _serve(self) -> None:
         try:
             while (item := self._calls.get()) is not None:
                 future, call = item
                 if future.set_running_or_notify_cancel():
                     try:
-                        future.set_result(call())
+                        value = call()
                     except BaseException as exc:  # a simulated crash, a lost lease: the caller's
+                        self._after()
                         future.set_exception(exc)
+                    else:
+                        self._after()
+                        future.set_result(value)
                 with self._lock:
                     self._idle += 1
         finally:

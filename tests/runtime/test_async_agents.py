@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 
 import httpx
 import pytest
@@ -37,8 +38,9 @@ SCRIPT = [ToolCall("read", {"key": "k"}), ToolCall("charge", {"amount": 5}),
           ToolCall("send", {"to": "ann"}), FinalAnswer("done")]
 
 
-def async_tools(ledger: Ledger) -> list:
-    """read, charge and send as ``async def`` tools (each awaits, as a network call would)."""
+def async_tools(ledger: Ledger, *, awaited_dispatch: bool = False) -> list:
+    """read, charge and send as ``async def`` tools (each awaits, as a network call would);
+    ``awaited_dispatch``: send announces its call with ``await ctx.adispatch()``."""
 
     @tool(effect="read_only")
     async def read(ctx: ToolContext, key: str) -> dict:
@@ -58,7 +60,10 @@ def async_tools(ledger: Ledger) -> list:
     async def send(ctx: ToolContext, to: str) -> dict:
         """Send a message; announces the outbound call with ctx.dispatch()."""
         await asyncio.sleep(0)
-        ctx.dispatch()
+        if awaited_dispatch:
+            await ctx.adispatch()
+        else:
+            ctx.dispatch()
         ledger.record_call("send", ctx, to=to)
         return {"sent": to}
 
@@ -99,7 +104,8 @@ def test_a_crash_in_an_async_tool_is_settled_as_in_a_sync_one(database, tmp_path
     world's ledger for the async tool as for its sync twin; ``ctx.dispatch()`` from the async
     tool proves non-dispatch as before."""
     outcome = {}
-    for kind, tools_of in (("sync", make_tools), ("async", async_tools)):
+    for kind, tools_of in (("sync", make_tools), ("async", async_tools),
+                           ("adispatch", partial(async_tools, awaited_dispatch=True))):
         ledger = Ledger(tmp_path / f"{kind}-{point}-{index}.jsonl")
         with registry.override(Agent(kind, ScriptedLLM(SCRIPT), tools_of(ledger))):
             run = crash_then_take_over(start(kind, {}, clock=clock).pk, clock, crash, point,
@@ -111,7 +117,7 @@ def test_a_crash_in_an_async_tool_is_settled_as_in_a_sync_one(database, tmp_path
         outcome[kind] = (run.status, held, ledger.count("charge"), ledger.count("send"),
                          len(events(run, "side_effect.auto_confirmed")))
         assert verify(run.pk).ok
-    assert outcome["async"] == outcome["sync"]
+    assert outcome["async"] == outcome["sync"] == outcome["adispatch"], outcome
 
 
 def _chat_transport(calls: list) -> httpx.MockTransport:

@@ -214,6 +214,7 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
     for x in data["levels"] + data["nowait"] + data["processes"] + data["loops"]:
         assert x["steps_per_s"] > 0 and x["steps"] > 0, x
         assert x["p99_ms"] >= x["p50_ms"] > 0, x
+        assert x["rss_mib"] > 10, x  # a Django process's resident memory, read from /proc
         assert x["locked_errors"] == 0 and x["tracebacks"] == 0, x
         assert x["failed_runs"] == 0 and not any(x["exit_codes"]) and not x["overran"], x
         assert x["write_transactions"] > 0 and x["plans_per_step"] > 0, x

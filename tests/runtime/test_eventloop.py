@@ -22,6 +22,7 @@ from runtime.models import Run
 from runtime.storage.sqlite.group import group_stats
 from runtime.worker.process import WorkerProcess
 from runtime.worker.threads import DaemonPool
+from tests import agents
 from tests.kit import Background, Gate, Ledger, events_of
 from tests.waiting import wait_until
 
@@ -182,3 +183,20 @@ def test_a_stuck_call_does_not_hold_the_interpreter(database):
     wait_until(lambda: pool.threads == 1, what="the pool's thread")
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("stuck-"))
     pool.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.mark.engines("postgres")
+def test_a_small_connection_pool_serves_the_loop_its_committers_and_its_pool(database, spawn,
+                                                                             tmp_path):
+    """A pool of 5 connections for 12 runs in flight whose sync tool reads the database: every
+    thread that borrowed a connection gives it back after each call, so the heartbeat, the
+    loop and the commits all get one, and every run finishes without a database fault."""
+    with registry.override(*agents.AGENTS):
+        runs = [start("counts", {}) for _ in range(12)]
+    worker = spawn("--burst", "--concurrency", "12", "--lease-seconds", "3",
+                   env={"RUNTIME_PG_POOL_SIZE": "5", "RUNTIME_PG_NETWORK_TIMEOUT": "2"})
+    assert worker.wait(120) == 0, worker.output()[-3000:]
+    assert [Run.objects.get(pk=r.pk).status for r in runs] == ["succeeded"] * 12
+    out = worker.output()
+    assert "0 database faults ridden out" in out and "couldn't get a connection" not in out, out
+    assert Ledger(tmp_path / "ledger.jsonl").count("count_runs") == 36

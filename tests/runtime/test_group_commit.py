@@ -21,7 +21,7 @@ from runtime.leasing.claims import run_acquire, run_claim_many
 from runtime.leasing.lease import Lease, lease_commit, lease_commit_many, lease_plan, lease_settle
 from runtime.models import Event, Run, Step, StepStatus
 from runtime.storage.base import Committed
-from runtime.storage.plan import Plan
+from runtime.storage.plan import ApprovalMove, Plan
 from runtime.storage.runs import run_create
 from runtime.storage.sqlite import committer as sqlite_engine
 from runtime.storage.sqlite.group import GroupCommitter, Ticket, group_committer, write_group
@@ -376,3 +376,21 @@ def test_a_fault_in_a_commit_of_many_is_ridden_out_from_each_chain_head(sqlite_p
         committed = lease_settle(lease, plan, SYSTEM_CLOCK, fault)
         assert lease.position == (committed.seq, committed.head)
     assert Event.objects.filter(payload__note="faulted").count() == 2
+
+
+def test_a_plan_through_the_orm_in_a_commit_of_many_fails_alone(sqlite_path, crash):
+    """A plan that writes through the ORM (an approval's move) is a transaction of its own: a
+    crash inside it reaches that plan only, and the group of the others is committed, each told
+    so; a lease whose commit gave it up and failed is no longer ``ending``."""
+    first, second, third = leases(3)
+    orm = noted(third, "orm")
+    orm.approval_moves.append(ApprovalMove(pk=999_999, from_status="pending", fields={},
+                                           required=False))
+    orm.run.update(status="waiting", lease_owner="", lease_expires_at=None)  # gives it up
+    crash(CrashPoint.IN_TRANSACTION, occurrence=3)  # the group's two plans, then this one
+    results = lease_commit_many([(first, noted(first, "many")), (second, noted(second, "many")),
+                                 (third, orm)], SYSTEM_CLOCK, ride_faults=False)
+    assert [type(r).__name__ for r in results] == ["Committed", "Committed", "SimulatedCrash"]
+    assert Event.objects.filter(payload__note="many").count() == 2
+    assert not Event.objects.filter(payload__note="orm").exists()
+    assert third.ending is False

@@ -8,7 +8,7 @@ from django.db import (
     connections,
 )
 
-from runtime.storage.connections import LEND
+from runtime.storage.connections import LEND, POOLED
 from runtime.storage.postgres.network import pool_capacity, with_pool
 
 
@@ -29,3 +29,4 @@ def connection_pool_start(threads: int) -> None:
     capacity = pool_capacity(db.settings_dict)
     if capacity is not None:
         db.settings_dict[LEND] = threads > capacity
+        db.settings_dict[POOLED] = True
