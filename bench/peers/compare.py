@@ -33,16 +33,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--postgres", default="",
+                        help="a PostgreSQL server URL: this project and DBOS on fresh databases "
+                        "there (LangGraph's SQLite saver is left out)")
     parser.add_argument("--inflight", default="1",
                         help="runs in flight, comma-separated levels (default 1; e.g. 1,16)")
     args = parser.parse_args()
     levels = [int(x) for x in args.inflight.split(",")]
-    lines: list[tuple[str, str, list[str]]] = [("runtime", "runtime_steps.py", [])]
-    if args.langgraph:
+    pg = ["--postgres", args.postgres] if args.postgres else []
+    lines: list[tuple[str, str, list[str]]] = [("runtime", "runtime_steps.py", pg)]
+    if args.langgraph and not args.postgres:
         lines += [("langgraph-sync", "langgraph_steps.py", ["--durability", "sync"]),
                   ("langgraph-async", "langgraph_steps.py", ["--durability", "async"])]
     if args.dbos:
-        lines.append(("dbos", "dbos_steps.py", []))
+        lines.append(("dbos", "dbos_steps.py", pg))
     python = {"runtime": args.runtime, "langgraph-sync": args.langgraph,
               "langgraph-async": args.langgraph, "dbos": args.dbos}
     rounds: list[dict[tuple[str, int], float]] = []
@@ -54,8 +58,9 @@ def main() -> None:
         found["ceiling", 0] = measure(args.runtime, "runtime_steps.py", ["--ceiling", "3"], 1,
                                       1)["commits_per_s"]
         rounds.append(found)
+    where = "PostgreSQL" if args.postgres else "SQLite WAL, synchronous=FULL"
     print(f"runs of {args.steps} no-op steps, {args.rounds} interleaved rounds "
-          f"(SQLite WAL, synchronous=FULL); {args.runs} runs a round at one in flight, "
+          f"({where}); {args.runs} runs a round at one in flight, "
           f"{args.runs} x N at N in flight")
     for n in levels:
         print(f"{n} in flight")

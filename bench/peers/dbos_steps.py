@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import tempfile
 import time
@@ -29,10 +30,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--inflight", type=int, default=1)
+    parser.add_argument("--postgres", default="",
+                        help="a PostgreSQL server URL: a fresh system database there "
+                        "(dropped after) instead of a SQLite file")
     args = parser.parse_args()
+    name = f"peers_dbos_{os.getpid()}"
     with tempfile.TemporaryDirectory() as directory:
-        DBOS(config={"name": "peers", "system_database_url":
-                     f"sqlite:///{Path(directory) / 'dbos.sqlite3'}"})
+        url = (f"{args.postgres.rsplit('/', 1)[0]}/{name}" if args.postgres
+               else f"sqlite:///{Path(directory) / 'dbos.sqlite3'}")
+        DBOS(config={"name": "peers", "system_database_url": url})
 
         @DBOS.step()
         def noop(i: int) -> int:
@@ -55,6 +61,11 @@ def main() -> None:
                 assert all(h.get_result() == sum(range(args.steps)) for h in handles)
         seconds = time.perf_counter() - began
         DBOS.destroy()
+    if args.postgres:
+        import psycopg  # noqa: PLC0415 - DBOS's own dependency
+
+        with psycopg.connect(args.postgres, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     print(json.dumps({"system": "dbos", "runs": args.runs, "inflight": args.inflight,
                       "steps": args.runs * args.steps,
                       "seconds": seconds, "steps_per_s": args.runs * args.steps / seconds}))

@@ -12,9 +12,32 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def fresh_database(server: str) -> Iterator[str]:
+    """A new database on the PostgreSQL ``server`` (its URL; dropped after), or "" for none."""
+    if not server:
+        yield ""
+        return
+    import psycopg  # noqa: PLC0415 - only for a PostgreSQL measurement
+
+    name = f"peers_runtime_{os.getpid()}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"{server.rsplit('/', 1)[0]}/{name}"
+    finally:
+        from django.db import connections  # noqa: PLC0415 - Django is set up by then
+
+        connections.close_all()
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def main() -> None:
@@ -23,6 +46,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--inflight", type=int, default=1)
     parser.add_argument("--loop", choices=("asyncio", "threads"), default="asyncio")
+    parser.add_argument("--postgres", default="",
+                        help="a PostgreSQL server URL: measure on a fresh database there "
+                        "(created, then dropped) instead of a SQLite file")
     parser.add_argument("--ceiling", type=float, default=0.0,
                         help="instead: plain sqlite3's synced commits/s for this many seconds")
     args = parser.parse_args()
@@ -35,8 +61,8 @@ def main() -> None:
         print(json.dumps({"system": "plain sqlite3, one INSERT per synced commit",
                           "commits_per_s": commits, "steps_per_s": commits}))
         return
-    with tempfile.TemporaryDirectory() as directory:
-        os.environ["DATABASE_URL"] = f"sqlite:///{Path(directory) / 'runtime.sqlite3'}"
+    with tempfile.TemporaryDirectory() as directory, fresh_database(args.postgres) as url:
+        os.environ["DATABASE_URL"] = url or f"sqlite:///{Path(directory) / 'runtime.sqlite3'}"
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
         sys.path.insert(0, str(ROOT))
         import django  # noqa: PLC0415 - Django is set up for the temporary database first
