@@ -95,10 +95,11 @@ class EventLoop:
                                             items[0][2], ride_faults=False)
             except BaseException as exc:  # a simulated crash: every plan of the group hears it
                 results = [exc] * len(items)
+            try:
+                if any(isinstance(r, DATABASE_FAULTS) for r in results):
+                    close_connection()  # the loop's, which met the fault: reads reconnect
             finally:
                 events._set_running_loop(self.loop)
-            if any(isinstance(r, DATABASE_FAULTS) for r in results):
-                close_connection()  # the loop's, which met the fault: the next read reconnects
             for (lease, plan, clock, future), result in zip(items, results, strict=True):
                 if isinstance(result, DATABASE_FAULTS):
                     settled = asyncio.wrap_future(self.commits.submit(

@@ -200,3 +200,44 @@ def test_a_small_connection_pool_serves_the_loop_its_committers_and_its_pool(dat
     out = worker.output()
     assert "0 database faults ridden out" in out and "couldn't get a connection" not in out, out
     assert Ledger(tmp_path / "ledger.jsonl").count("count_runs") == 36
+
+
+@pytest.mark.engines("sqlite")
+def test_a_fault_in_the_loops_group_commit_is_ridden_out_on_a_committer_thread(database,
+                                                                              monkeypatch):
+    """The first group the loop writes meets a database fault: each of its plans finds out
+    from its chain head on a committer thread that it did not land and commits it there; every
+    run finishes, each step once, and the audit chains verify."""
+    from django.db import OperationalError
+
+    from runtime.audit.chain import verify
+    from runtime.storage.sqlite.committer import SqliteEngine
+
+    real, faulted = SqliteEngine.commit_many, []
+
+    def flaky(self, plans, clock):
+        if not faulted and len(plans) > 1 and threading.current_thread().name.endswith("-loop"):
+            faulted.append(len(plans))
+            return [OperationalError("disk I/O error")] * len(plans)
+        return real(self, plans, clock)
+
+    monkeypatch.setattr(SqliteEngine, "commit_many", flaky)
+
+    @tool(effect="read_only")
+    async def hop(n: int) -> dict:
+        """Awaits, so the runs' commits meet in one turn."""
+        await asyncio.sleep(0)
+        return {"n": n}
+
+    agent = Agent("hop", ScriptedLLM(lambda t: ToolCall("hop", {"n": len(t.entries)})
+                                     if len(t.entries) < 3 else FinalAnswer("ok")), [hop])
+    with registry.override(agent):
+        runs = [start("hop", {}) for _ in range(4)]
+        worker, bg = _worker(4, burst=True)
+        bg.join(60)
+    assert bg.error is None and not bg.thread.is_alive()
+    assert faulted and worker._loop is not None and worker._loop.commits.threads >= 1
+    for r in runs:
+        assert Run.objects.get(pk=r.pk).status == "succeeded"
+        assert events_of(r).count("step.tool_finished") == 3
+        assert verify(r.pk).ok
