@@ -128,6 +128,25 @@ class UnknownAgent(AgentRuntimeError):
         super().__init__(f"unknown agent {name!r}; registered: {', '.join(known) or 'none'}")
 
 
+class CallOutcomeUnknown(AgentRuntimeError):
+    """A tool cannot tell whether its call took effect (its server went away mid-call)."""
+
+    def __init__(self, tool: str, reason: str) -> None:
+        self.tool, self.reason = tool, reason
+        super().__init__(f"{tool}: whether the call took effect is unknown: {reason}")
+
+
+class ReplayDiverged(AgentRuntimeError):
+    """A resumed agent asked for something other than what its run recorded at this point."""
+
+    def __init__(self, run_id: int, step_index: int | None, recorded: str, asked: str) -> None:
+        self.run_id, self.step_index = run_id, step_index
+        self.recorded, self.asked = recorded, asked
+        super().__init__(f"run {run_id} step {step_index}: the agent asked for {asked} where "
+                         f"the run recorded {recorded}; its code must make the same calls in "
+                         "the same order when resumed")
+
+
 class SimulatedCrash(BaseException):
     """Raised by an armed in-process crash point; BaseException so user code cannot swallow it."""
 

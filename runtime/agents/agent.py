@@ -57,6 +57,10 @@ class Agent:
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
 
+    def tool_for_step(self, name: str, recorded_effect: str) -> Tool | None:
+        """The tool a recorded step calls, if it is still registered (recovery asks)."""
+        return self.tools.get(name)
+
     def tool(self, name: str) -> Tool:
         try:
             return self.tools[name]

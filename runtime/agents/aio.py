@@ -37,10 +37,10 @@ class RunGreenlet(greenlet.greenlet):
     """A run's synchronous code on the event loop's thread, and where its waits go."""
 
     def __init__(self, fn: Callable[..., Any], loop: asyncio.AbstractEventLoop,
-                 blocking: Executor) -> None:
+                 blocking: Executor | None) -> None:
         super().__init__(fn)
         self.loop = loop
-        self.blocking = blocking  # the bounded pool for sync tools and models
+        self.blocking = blocking  # the bounded pool for sync tools and models (None: here)
 
 
 def run_greenlet() -> RunGreenlet | None:
@@ -49,7 +49,7 @@ def run_greenlet() -> RunGreenlet | None:
     return g if isinstance(g, RunGreenlet) else None
 
 
-async def run_in_greenlet(fn: Callable[..., T], *args: Any, blocking: Executor) -> T:
+async def run_in_greenlet(fn: Callable[..., T], *args: Any, blocking: Executor | None) -> T:
     """``fn(*args)`` on this loop's thread, each of its waits awaited here (other tasks run
     meanwhile); its value, or what it raised. Cancelling the task raises in ``fn`` where it
     waits."""

@@ -13,18 +13,19 @@ from typing import Any
 from runtime import crashpoints
 from runtime.agents.agent import get_agent
 from runtime.agents.aio import pause
+from runtime.agents.pydanticai import PydanticAIAgent
 from runtime.agents.tools import ToolContext
 from runtime.canonical import check_payload
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.conf import setting
 from runtime.crashpoints import CrashPoint
-from runtime.errors import InvalidPayload, LeaseLost, UnknownAgent
+from runtime.errors import CallOutcomeUnknown, InvalidPayload, LeaseLost, UnknownAgent
 from runtime.leasing.claims import Acquired, acquired_crash_points, run_acquire
 from runtime.leasing.heartbeat import LeaseKeeper, make_owner
 from runtime.leasing.lease import Committer, lease_commit
 from runtime.loop.deciding import decide
 from runtime.loop.execution import AGENT_LOADED, Execution
-from runtime.loop.recovery import recover
+from runtime.loop.recovery import interrupted, recover
 from runtime.meters import STEP_SECONDS
 from runtime.models import FailureCode, Run, Step, StepStatus
 from runtime.storage.connections import connection_release
@@ -108,6 +109,11 @@ def run_loop(ex: Execution) -> None:
         ex.fail(plan, FailureCode.ERROR, str(exc))
         ex.commit(plan)
         return
+    if isinstance(ex.agent, PydanticAIAgent):  # it keeps its own loop; the record is ours
+        from runtime.loop.pydanticai import run_pydantic_ai  # (Pydantic AI loads where used)
+
+        run_pydantic_ai(ex)
+        return
     step = recover(ex)
     while step is not None:
         if step.status == StepStatus.DECIDING:
@@ -126,7 +132,7 @@ def run_tool(ex: Execution, step: Step) -> Step | None:
     if kwargs is None:  # decided by an earlier execution of the run
         kwargs = tool.validate(step.arguments)
     ctx = ToolContext(ex.run.pk, step.index, step.attempt, step.idempotency_key,
-                      ex.agent.name, _on_dispatch=lambda: dispatch(ex, step))
+                      ex.agent.name, _on_dispatch=lambda: ex.record_dispatch(step))
     ex.check_lease()
     result, error = None, ""
     connection_release()  # the tool's wait holds no connection of the database's
@@ -134,6 +140,8 @@ def run_tool(ex: Execution, step: Step) -> Step | None:
         result = tool.invoke(ctx, kwargs)
     except LeaseLost:
         raise
+    except CallOutcomeUnknown:  # as if the process had died mid-call: the contract decides
+        return interrupted(ex, step)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     crashpoints.reached(CrashPoint.AFTER_TOOL_EFFECT, run_id=ex.run.pk, step_index=step.index)
@@ -155,13 +163,3 @@ def run_tool(ex: Execution, step: Step) -> Step | None:
         ex.record_outcome(plan, step, result, error)
         ex.commit(plan)
         raise
-
-
-def dispatch(ex: Execution, step: Step) -> None:
-    """``ctx.dispatch()``: commit that the tool's outbound call may now go out."""
-    plan = ex.plan()
-    plan.event("step.tool_dispatched", {"attempt": step.attempt}, step.index)
-    plan.step_update(step, dispatched_attempt=step.attempt)
-    plan.crash_after(CrashPoint.AFTER_TOOL_DISPATCHED, step.index)
-    ex.commit(plan)
-    connection_release()  # the tool's outbound call comes next

@@ -47,6 +47,7 @@ from runtime.models import (
     held_step_status,
 )
 from runtime.schedules.authorization import standing_authorization
+from runtime.storage.connections import connection_release
 from runtime.storage.plan import Add, ApprovalDraft, Plan, StandingGuard
 
 _STEP_FIELDS = Step._meta.concrete_fields
@@ -299,6 +300,15 @@ class Execution:
                              finished_at=plan.at)
         plan.crash_after(CrashPoint.AFTER_TOOL_FINISHED, step.index)
         self.remember(step)
+
+    def record_dispatch(self, step: Step) -> None:
+        """``ctx.dispatch()``: commit that the tool's outbound call may now go out."""
+        plan = self.plan()
+        plan.event("step.tool_dispatched", {"attempt": step.attempt}, step.index)
+        plan.step_update(step, dispatched_attempt=step.attempt)
+        plan.crash_after(CrashPoint.AFTER_TOOL_DISPATCHED, step.index)
+        self.commit(plan)
+        connection_release()  # the tool's outbound call comes next
 
     def remember(self, step: Step) -> None:
         """Show a finished step to the LLM from now on (once)."""

@@ -1,0 +1,440 @@
+"""A Pydantic AI agent's run: its own loop, the runtime's record and contract (design §5, §7).
+
+Pydantic AI runs the agent (instructions, toolsets, deps, output type); a capability added to
+each run records every model request and tool call as the run's events and steps, through the
+same transitions a native run commits (``Execution``). A resumed run starts the agent again
+from its input and gives it back what was recorded, in order: a recorded model response is
+returned without asking the model, a finished tool call returns its recorded result (or its
+recorded ``ModelRetry``) without calling the tool. The first call that was not finished follows
+the interruption contract: a read-only call is made again; a side effect waits for a person,
+whose "It happened" becomes the tool's return value. The agent's code between recorded calls
+must therefore make the same calls in the same order when it runs again (``ReplayDiverged``
+ends the run otherwise), as with any engine that replays.
+
+The capability's hooks are coroutines on the run's loop; what they commit runs as synchronous
+code in a greenlet of their own (``run_in_greenlet``), so the ORM and the worker's committer
+work as for a native run, and the loop goes on with other runs while a commit waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, TypeVar, cast
+
+import pydantic_core
+from pydantic import TypeAdapter
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelRetry, ToolRetryError
+from pydantic_ai.messages import ModelRequestPart, ModelResponse
+from pydantic_ai.tools import DeferredToolResults, ToolApproved
+
+from runtime import crashpoints
+from runtime.agents.aio import run_awaitable, run_greenlet, run_in_greenlet
+from runtime.agents.pydanticai import PydanticAIAgent, _call
+from runtime.agents.tools import ToolContext
+from runtime.canonical import check_payload, step_idempotency_key
+from runtime.crashpoints import CrashPoint
+from runtime.errors import CallOutcomeUnknown, InvalidPayload, LeaseLost, ReplayDiverged
+from runtime.loop.execution import Execution, new_step
+from runtime.loop.recovery import consume, interrupted
+from runtime.models import Approval, ApprovalStatus, Event, FailureCode, Step, StepStatus
+from runtime.storage.connections import connection_release
+from runtime.storage.plan import Add
+
+T = TypeAdapter(ModelResponse)
+PARTS: TypeAdapter[Any] = TypeAdapter(ModelRequestPart)
+R = TypeVar("R")
+_FINISHED = (StepStatus.SUCCEEDED, StepStatus.FAILED)
+_RETRY = "ModelRetry: "
+
+
+class _Halt(BaseException):
+    """The run paused, ended or was released inside one of the agent's calls: the agent's run
+    is unwound (a BaseException, so neither Pydantic AI nor a tool catches it)."""
+
+
+class ToolFailed(RuntimeError):
+    """A recorded tool call that failed, raised again where the agent made it."""
+
+
+def run_pydantic_ai(ex: Execution) -> None:
+    """Recover, run the agent to its end with its record given back, and finish the run."""
+    agent = cast(PydanticAIAgent, ex.agent)
+    journal = Journal(ex, agent)
+    if not journal.recover():
+        return
+    try:
+        output = run_awaitable(journal.run())
+    except BaseException as exc:  # noqa: BLE001 - sorted out below, re-raised unless ours
+        stop = _control(exc)
+        if isinstance(stop, _Halt):
+            return
+        if stop is not None:
+            raise stop from None
+        assert isinstance(exc, Exception), "a BaseException of someone else's is a control one"
+        plan = ex.plan()
+        ex.fail(plan, FailureCode.ERROR, f"{type(exc).__name__}: {exc}")
+        ex.commit(plan)
+        return
+    plan = ex.plan()
+    try:
+        value = check_payload("final answer", pydantic_core.to_jsonable_python(output))
+    except (InvalidPayload, pydantic_core.PydanticSerializationError) as exc:
+        ex.fail(plan, FailureCode.ERROR, str(exc))
+    else:
+        ex.finish(plan, value)
+    ex.commit(plan)
+
+
+def _control(exc: BaseException) -> BaseException | None:
+    """The exception that must end this run's execution as it is (a halt, a lost lease, a
+    simulated crash, a stop), found also inside exception groups; None for the agent's own."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _control(inner)
+            if found is not None:
+                return found
+        return None
+    if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
+        return exc
+    return None
+
+
+@dataclass
+class Journal:
+    """One execution's record of the agent's calls: what is given back, what runs now."""
+
+    ex: Execution
+    agent: PydanticAIAgent
+    responses: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0  # model requests made so far in this execution of the agent
+    indexes: dict[str, int] = field(default_factory=dict)  # tool call id -> step index
+    started: set[int] = field(default_factory=set)  # started by this execution, not yet run
+    approved: dict[int, Approval] = field(default_factory=dict)  # decided, not yet consumed
+
+    def __post_init__(self) -> None:
+        g = run_greenlet()
+        self.blocking = g.blocking if g is not None else None
+        self.responses = [
+            payload["response"] for payload in Event.objects.filter(
+                run_id=self.ex.run.pk, kind="llm.responded").order_by("seq")
+            .values_list("payload", flat=True) if "response" in payload]
+
+    # -- before the agent runs ----------------------------------------------------------------
+
+    def recover(self) -> bool:
+        """Settle every unfinished step (the interruption contract, decided approvals); False
+        when the run paused or ended doing so."""
+        ex = self.ex
+        for step in list(ex.steps):
+            if step.status in _FINISHED:
+                continue
+            approval = (Approval.objects.filter(step_id=step.pk, status=ApprovalStatus.APPROVED)
+                        .order_by("-pk").first())
+            if approval is not None:
+                self.approved[step.index] = approval
+            elif step.status in (StepStatus.EXECUTING, StepStatus.INTERRUPTED):
+                if interrupted(ex, step) is None:
+                    return False
+                self.started.add(step.index)
+            elif step.status == StepStatus.WAITING:  # no decision yet: ask the policy again
+                tool = ex.agent.tool_for_step(step.tool, step.effect) if ex.agent else None
+                assert tool is not None, "a Pydantic AI agent knows every recorded tool"
+                if ex.gate_and_start(ex.plan(), step, tool) is None:
+                    return False
+                self.started.add(step.index)
+            else:
+                plan = ex.plan()
+                ex.fail(plan, FailureCode.ERROR,
+                        f"step {step.index} is {step.status}; cannot continue")
+                ex.commit(plan)
+                return False
+        return True
+
+    async def run(self) -> Any:
+        agent = self.agent.pydantic_agent
+        deps = self.agent.deps(self.ex.run) if self.agent.deps is not None else None
+        prompt = self.agent.prompt(self.ex.run.input)
+        with agent.parallel_tool_call_execution_mode("sequential"):
+            result = await agent.run(prompt, deps=deps, capabilities=[_Recorder(self)])
+        return result.output
+
+    async def sync(self, fn: Callable[[], R]) -> R:
+        """``fn()`` as the run's synchronous code (its commits as any run's), awaited."""
+        return await run_in_greenlet(fn, blocking=self.blocking)
+
+    # -- model requests -----------------------------------------------------------------------
+
+    async def model_request(self, request_context: Any,
+                            handler: Callable[[Any], Awaitable[ModelResponse]]) -> ModelResponse:
+        self.requests += 1
+        number = self.requests
+        if number <= len(self.responses):
+            return T.validate_python(self.responses[number - 1])
+        await self.sync(lambda: self._requesting(number))
+        try:
+            response = await handler(request_context)
+        except ModelRetry:
+            raise
+        except Exception as exc:
+            await self.sync(lambda: self._request_failed(exc))
+            raise AssertionError("unreachable: a failed request ends the run") from None
+        await self.sync(lambda: self._responded(number, response))
+        return response
+
+    def _requesting(self, number: int) -> None:
+        ex = self.ex
+        plan = ex.plan()
+        self._stop_if_asked()
+        over = ex.llm_budget_error()
+        if over:
+            self._fail(over, FailureCode.BUDGET_EXCEEDED)
+        plan.event("llm.requested", {"request": number})
+        plan.run["llm_requests"] = Add(1)
+        ex.llm_requests += 1
+        ex.commit(plan)  # gated: the request goes out only under a live, unexpired lease
+        crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=ex.run.pk,
+                            step_index=len(ex.steps) + 1)
+        connection_release()  # the model's wait holds no connection of the database's
+
+    def _request_failed(self, exc: Exception) -> None:
+        plan = self.ex.plan()
+        message = f"{type(exc).__name__}: {exc}"
+        plan.event("llm.failed", {"error": message, "attempt": 1, "retryable": False})
+        self.ex.fail(plan, FailureCode.ERROR, f"LLM request failed: {message}")
+        self.ex.commit(plan)
+        raise _Halt
+
+    def _responded(self, number: int, response: ModelResponse) -> None:
+        ex = self.ex
+        plan = ex.plan()
+        try:
+            recorded = check_payload("model response", T.dump_python(response, mode="json"))
+        except InvalidPayload as exc:
+            self._fail(str(exc))
+        usage = response.usage
+        cost = _cost(response)
+        plan.event("llm.responded", {
+            "request": number, "tokens_in": usage.input_tokens,
+            "tokens_out": usage.output_tokens, "cost": str(cost),
+            "decisions": sum(1 for p in response.parts if p.part_kind == "tool-call"),
+            "response": recorded})
+        plan.run.update(tokens_in=Add(usage.input_tokens), tokens_out=Add(usage.output_tokens),
+                        cost=Add(cost))
+        ex.tokens += usage.input_tokens + usage.output_tokens
+        ex.cost += cost
+        over = ex.usage_budget_error()
+        if over:
+            ex.fail(plan, FailureCode.BUDGET_EXCEEDED, over)
+            ex.commit(plan)
+            raise _Halt
+        ex.commit(plan)
+        self.responses.append(recorded)
+
+    # -- tool calls ---------------------------------------------------------------------------
+
+    async def tool_call(self, ctx: Any, call: Any, tool_def: Any, args: Any,
+                        handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        index = self._index_for(call)
+        step = self._recorded(index, call)
+        if step is not None and step.status in _FINISHED:
+            return _replayed(step)
+        step = await self.sync(lambda: self._start(index, call, tool_def, step))
+        while True:
+            runtime_ctx = ToolContext(
+                self.ex.run.pk, step.index, step.attempt, step.idempotency_key,
+                self.agent.name, _on_dispatch=lambda: self.ex.record_dispatch(step))
+            token = _call.set(runtime_ctx)
+            result, error, retry = None, "", None
+            try:
+                result = await handler(args)
+            except CallOutcomeUnknown:  # as if the process had died mid-call
+                await self.sync(lambda: self._interrupted(step))
+                continue
+            except ToolRetryError as exc:  # the tool's ModelRetry: recorded, raised again
+                retry = exc
+                error = f"{_RETRY}{exc}"
+            except (ToolFailed, LeaseLost):
+                raise
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            finally:
+                _call.reset(token)
+            break
+        await self.sync(lambda: self._finished(step, result, error, retry))
+        return _replayed(step) if error else result
+
+    def _index_for(self, call: Any) -> int:
+        """The step of a tool call: each call the agent makes takes the next index, the first
+        time it is seen (the same order on every execution of a deterministic agent)."""
+        index = self.indexes.get(call.tool_call_id)
+        if index is None:
+            index = self.indexes[call.tool_call_id] = len(self.indexes) + 1
+        return index
+
+    def _recorded(self, index: int, call: Any) -> Step | None:
+        if index > len(self.ex.steps):
+            return None
+        step = self.ex.steps[index - 1]
+        arguments = call.args_as_dict()
+        if step.tool != call.tool_name or (step.arguments or {}) != arguments:
+            raise ReplayDiverged(self.ex.run.pk, index, f"{step.tool}({step.arguments})",
+                                 f"{call.tool_name}({arguments})")
+        return step
+
+    def _start(self, index: int, call: Any, tool_def: Any, step: Step | None) -> Step:
+        """Start the call's step: a new one through policy, an approved one by consuming its
+        approval, one restarted by recovery as it is. Halts when the run pauses or ends."""
+        ex = self.ex
+        if step is None:
+            step = self._decide(index, call, tool_def)
+            started = ex.gate_and_start(ex.plan(), step, self._tool(call, tool_def)[0])
+        elif index in self.started:
+            self.started.discard(index)
+            started = step
+        elif index in self.approved:
+            started = consume(ex, step, self.approved.pop(index))
+        else:  # an unfinished step nobody settled: as if found at a takeover
+            started = interrupted(ex, step)
+        if started is None:
+            raise _Halt
+        connection_release()  # the tool's wait holds no connection of the database's
+        return started
+
+    def _tool(self, call: Any, tool_def: Any) -> tuple[Any, str]:
+        if tool_def is not None and tool_def.kind == "unapproved":
+            self.agent.needs_approval.add(call.tool_name)
+        return self.agent.tool_for(call.tool_name, getattr(tool_def, "metadata", None))
+
+    def _decide(self, index: int, call: Any, tool_def: Any) -> Step:
+        """Record the agent's new call as step ``index`` (not yet committed)."""
+        ex = self.ex
+        self._stop_if_asked()
+        assert index == len(ex.steps) + 1, "steps are recorded in the order they are called"
+        limit = self.agent.budget.max_steps
+        if index > limit:
+            self._fail(f"step {index} would exceed the budget of {limit} steps",
+                       FailureCode.BUDGET_EXCEEDED)
+        try:
+            arguments = check_payload("tool arguments", call.args_as_dict())
+        except InvalidPayload as exc:
+            self._fail(str(exc))
+        tool, source = self._tool(call, tool_def)
+        plan = ex.plan()
+        key = step_idempotency_key(ex.run.pk, ex.run.created_at, index)
+        step = new_step(run_id=ex.run.pk, index=index, status=StepStatus.DECIDING,
+                        idempotency_key=key, started_at=plan.at, tool=call.tool_name,
+                        arguments=arguments, effect=tool.effect)
+        plan.event("step.started", {"idempotency_key": key}, index)
+        plan.step_insert(step)
+        plan.event("step.decided", {"tool": call.tool_name, "arguments": arguments,
+                                    "effect": tool.effect, "effect_source": source,
+                                    "idempotency_key": key}, index)
+        plan.crash_after(CrashPoint.AFTER_STEP_DECIDED, index)
+        ex.commit(plan)
+        ex.steps.append(step)
+        return step
+
+    def _interrupted(self, step: Step) -> None:
+        """The tool could not tell whether its call took effect: the contract decides."""
+        if interrupted(self.ex, step) is None:
+            raise _Halt
+
+    def _finished(self, step: Step, result: Any, error: str,
+                  retry: ToolRetryError | None = None) -> None:
+        ex = self.ex
+        crashpoints.reached(CrashPoint.AFTER_TOOL_EFFECT, run_id=ex.run.pk,
+                            step_index=step.index)
+        if not error:
+            try:
+                result = check_payload(f"result of {step.tool}",
+                                       pydantic_core.to_jsonable_python(result))
+            except (InvalidPayload, pydantic_core.PydanticSerializationError) as exc:
+                result, error = None, str(exc)
+        plan = ex.plan()
+        ex.record_outcome(plan, step, result, error)
+        if retry is not None:  # what the model is told, given back as it was on replay
+            plan.step_update(step, result=PARTS.dump_python(retry.tool_retry, mode="json"))
+        ex.commit(plan)
+
+    # -- approvals the agent asks for (``requires_approval``) ---------------------------------
+
+    async def deferred(self, ctx: Any, requests: Any) -> DeferredToolResults | None:
+        if requests.calls:
+            return None  # external calls are the caller's to make: the agent's own output
+        answers: dict[str, Any] = {}
+        for call in requests.approvals:
+            index = self._index_for(call)
+            step = self._recorded(index, call)
+            if step is None or not (step.status in _FINISHED or index in self.started
+                                    or index in self.approved):
+                tool_def = ctx.tool_manager.get_tool_def(call.tool_name) if ctx.tool_manager \
+                    else None
+                await self.sync(lambda: self._ask(index, call, tool_def, step))
+            answers[call.tool_call_id] = ToolApproved()
+        return DeferredToolResults(approvals=answers)
+
+    def _ask(self, index: int, call: Any, tool_def: Any, step: Step | None) -> None:
+        """Put a call the agent wants approved before a person (the policy may allow it ahead
+        of time with a standing authorization, or deny it)."""
+        self.agent.needs_approval.add(call.tool_name)
+        if step is None:
+            step = self._decide(index, call, tool_def)
+        tool = self.agent.tool_for_step(step.tool, step.effect)
+        assert tool is not None, "a Pydantic AI agent knows every recorded tool"
+        if self.ex.gate_and_start(self.ex.plan(), step, tool) is None:
+            raise _Halt
+        self.started.add(index)
+
+    # -- shared -------------------------------------------------------------------------------
+
+    def _stop_if_asked(self) -> None:
+        self.ex.check_lease()
+        if self.ex.should_stop():
+            self.ex.stop_here(self.ex.plan())
+            raise _Halt
+
+    def _fail(self, message: str, code: str = FailureCode.ERROR) -> None:
+        plan = self.ex.plan()
+        self.ex.fail(plan, code, message)
+        self.ex.commit(plan)
+        raise _Halt
+
+
+def _replayed(step: Step) -> Any:
+    """A finished step's outcome as the tool gave it: its result, or its failure raised."""
+    if step.status == StepStatus.SUCCEEDED:
+        return step.result
+    if step.error.startswith(_RETRY) and isinstance(step.result, dict):
+        raise ToolRetryError(PARTS.validate_python(step.result))
+    raise ToolFailed(step.error)
+
+
+def _cost(response: ModelResponse) -> Decimal:
+    """The response's price where Pydantic AI knows the model's prices, else nothing."""
+    try:
+        return Decimal(str(response.cost().total_price))
+    except Exception:  # noqa: BLE001 - an unknown model has no price; usage is still counted
+        return Decimal("0")
+
+
+@dataclass(init=False)
+class _Recorder(AbstractCapability[Any]):
+    """The capability added to each run: every hook hands the call to the run's journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    async def wrap_model_request(self, ctx: Any, *, request_context: Any,
+                                 handler: Any) -> ModelResponse:
+        return await self.journal.model_request(request_context, handler)
+
+    async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
+                                handler: Any) -> Any:
+        return await self.journal.tool_call(ctx, call, tool_def, args, handler)
+
+    async def handle_deferred_tool_calls(self, ctx: Any, *,
+                                         requests: Any) -> DeferredToolResults | None:
+        return await self.journal.deferred(ctx, requests)
