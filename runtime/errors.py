@@ -136,6 +136,22 @@ class CallOutcomeUnknown(AgentRuntimeError):
         super().__init__(f"{tool}: whether the call took effect is unknown: {reason}")
 
 
+class MCPServerDown(AgentRuntimeError):
+    """An MCP server could not be reached; the call was never sent."""
+
+    def __init__(self, server: str, reason: str) -> None:
+        self.server, self.reason = server, reason
+        super().__init__(f"MCP server {server} is down: {reason}")
+
+
+class MCPToolError(AgentRuntimeError):
+    """An MCP server answered a tool call with an error."""
+
+    def __init__(self, server: str, tool: str, reason: str) -> None:
+        self.server, self.tool, self.reason = server, tool, reason
+        super().__init__(f"{tool} on MCP server {server} failed: {reason}")
+
+
 class ReplayDiverged(AgentRuntimeError):
     """A resumed agent asked for something other than what its run recorded at this point."""
 

@@ -57,9 +57,9 @@ class Agent:
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
 
-    def tool_for_step(self, name: str, recorded_effect: str) -> Tool | None:
+    def tool_for_step(self, step: Any) -> Tool | None:
         """The tool a recorded step calls, if it is still registered (recovery asks)."""
-        return self.tools.get(name)
+        return self.tools.get(step.tool)
 
     def tool(self, name: str) -> Tool:
         try:

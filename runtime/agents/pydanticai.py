@@ -7,7 +7,8 @@ recording). What this module holds is what the registry, the policy and the reco
 know without running the agent: its name, budget, policy and each tool's effect.
 
 A tool's effect is declared in its metadata, ``metadata={"effect": "read_only"}``; a tool with
-no declaration is a side effect. The agent's ``effects`` mapping (an operator's per-tool
+no declaration is a side effect. ``metadata={"dispatches": True}`` promises that the tool calls
+``call_context().dispatch()`` right before its outbound call, as ``@tool(dispatches=True)``. The agent's ``effects`` mapping (an operator's per-tool
 setting) wins over any declaration.
 """
 
@@ -59,12 +60,12 @@ class ForeignTool(Tool):
     """A tool of a Pydantic AI agent as the runtime's rules see it: a name and an effect. Its
     arguments are checked by the agent's own schema when it calls the tool."""
 
-    def __init__(self, name: str, effect: str) -> None:  # noqa: D107 - no function to wrap
+    def __init__(self, name: str, effect: str, dispatches: bool = False) -> None:
         self.fn = _not_called
         self.name = name
         self.effect = effect
         self.max_attempts = 3 if effect == Effect.READ_ONLY else 1
-        self.dispatches = False
+        self.dispatches = dispatches
         self.description = ""
         self.takes_ctx = True
         self.is_async = False
@@ -126,13 +127,14 @@ class PydanticAIAgent(Agent):
     def tool_for(self, name: str, metadata: Mapping[str, Any] | None) -> tuple[Tool, str]:
         """The runtime's view of a tool the agent is calling, and where its effect came from."""
         effect, source = effect_of(name, metadata, self.effects)
-        return ForeignTool(name, effect), source
+        return ForeignTool(name, effect, bool((metadata or {}).get("dispatches"))), source
 
-    def tool_for_step(self, name: str, recorded_effect: str) -> Tool | None:
+    def tool_for_step(self, step: Any) -> Tool | None:
         """The tool of a recorded step, for recovery: the operator's setting if there is one,
-        else the effect recorded when the call was decided (by the same rules)."""
-        effect = self.effects.get(name) or recorded_effect or Effect.SIDE_EFFECT.value
-        return ForeignTool(name, effect)
+        else the effect recorded when the call was decided (by the same rules); its promise
+        to call ``dispatch()`` as recorded when its attempt started."""
+        effect = self.effects.get(step.tool) or step.effect or Effect.SIDE_EFFECT.value
+        return ForeignTool(step.tool, effect, bool(step.dispatches))
 
     def _policy(self, request: Request, run: Any) -> PolicyDecision:
         verdict = self.user_policy(request, run)

@@ -129,7 +129,7 @@ class Journal:
         when the run paused or ended doing so."""
         ex = self.ex
         for step in list(ex.steps):
-            if step.status in _FINISHED:
+            if step.status in _FINISHED or not step.tool:  # (no tool: decided again)
                 continue
             approval = (Approval.objects.filter(step_id=step.pk, status=ApprovalStatus.APPROVED)
                         .order_by("-pk").first())
@@ -140,7 +140,7 @@ class Journal:
                     return False
                 self.started.add(step.index)
             elif step.status == StepStatus.WAITING:  # no decision yet: ask the policy again
-                tool = ex.agent.tool_for_step(step.tool, step.effect) if ex.agent else None
+                tool = ex.agent.tool_for_step(step) if ex.agent else None
                 assert tool is not None, "a Pydantic AI agent knows every recorded tool"
                 if ex.gate_and_start(ex.plan(), step, tool) is None:
                     return False
@@ -191,12 +191,13 @@ class Journal:
         over = ex.llm_budget_error()
         if over:
             self._fail(over, FailureCode.BUDGET_EXCEEDED)
+        index = len(ex.steps) + 1  # the step this request decides, if it asks for a call
         plan.event("llm.requested", {"request": number})
         plan.run["llm_requests"] = Add(1)
         ex.llm_requests += 1
+        plan.crash_after(CrashPoint.AFTER_STEP_STARTED, index)
         ex.commit(plan)  # gated: the request goes out only under a live, unexpired lease
-        crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=ex.run.pk,
-                            step_index=len(ex.steps) + 1)
+        crashpoints.reached(CrashPoint.DURING_LLM_REQUEST, run_id=ex.run.pk, step_index=index)
         connection_release()  # the model's wait holds no connection of the database's
 
     def _request_failed(self, exc: Exception) -> None:
@@ -279,7 +280,7 @@ class Journal:
             return None
         step = self.ex.steps[index - 1]
         arguments = call.args_as_dict()
-        if step.tool != call.tool_name or (step.arguments or {}) != arguments:
+        if step.tool and (step.tool != call.tool_name or (step.arguments or {}) != arguments):
             raise ReplayDiverged(self.ex.run.pk, index, f"{step.tool}({step.arguments})",
                                  f"{call.tool_name}({arguments})")
         return step
@@ -288,9 +289,8 @@ class Journal:
         """Start the call's step: a new one through policy, an approved one by consuming its
         approval, one restarted by recovery as it is. Halts when the run pauses or ends."""
         ex = self.ex
-        if step is None:
-            step = self._decide(index, call, tool_def)
-            started = ex.gate_and_start(ex.plan(), step, self._tool(call, tool_def)[0])
+        if step is None or not step.tool:
+            started = self._decide(index, call, tool_def, step)
         elif index in self.started:
             self.started.discard(index)
             started = step
@@ -308,11 +308,13 @@ class Journal:
             self.agent.needs_approval.add(call.tool_name)
         return self.agent.tool_for(call.tool_name, getattr(tool_def, "metadata", None))
 
-    def _decide(self, index: int, call: Any, tool_def: Any) -> Step:
-        """Record the agent's new call as step ``index`` (not yet committed)."""
+    def _decide(self, index: int, call: Any, tool_def: Any, step: Step | None) -> Step | None:
+        """Record the agent's call as step ``index`` and put it through policy, as a native
+        run does: the step's start is committed first (a step with no tool yet: decided again
+        if the run stops here), then its decision with the tool's start or the pause, in one
+        commit. Returns the started step, or None when the run paused or ended."""
         ex = self.ex
         self._stop_if_asked()
-        assert index == len(ex.steps) + 1, "steps are recorded in the order they are called"
         limit = self.agent.budget.max_steps
         if index > limit:
             self._fail(f"step {index} would exceed the budget of {limit} steps",
@@ -321,21 +323,25 @@ class Journal:
             arguments = check_payload("tool arguments", call.args_as_dict())
         except InvalidPayload as exc:
             self._fail(str(exc))
+        if step is None:
+            assert index == len(ex.steps) + 1, "steps are recorded in the order they are called"
+            plan = ex.plan()
+            key = step_idempotency_key(ex.run.pk, ex.run.created_at, index)
+            step = new_step(run_id=ex.run.pk, index=index, status=StepStatus.DECIDING,
+                            idempotency_key=key, started_at=plan.at)
+            plan.event("step.started", {"idempotency_key": key}, index)
+            plan.step_insert(step)
+            ex.commit(plan)
+            ex.steps.append(step)
         tool, source = self._tool(call, tool_def)
         plan = ex.plan()
-        key = step_idempotency_key(ex.run.pk, ex.run.created_at, index)
-        step = new_step(run_id=ex.run.pk, index=index, status=StepStatus.DECIDING,
-                        idempotency_key=key, started_at=plan.at, tool=call.tool_name,
-                        arguments=arguments, effect=tool.effect)
-        plan.event("step.started", {"idempotency_key": key}, index)
-        plan.step_insert(step)
         plan.event("step.decided", {"tool": call.tool_name, "arguments": arguments,
                                     "effect": tool.effect, "effect_source": source,
-                                    "idempotency_key": key}, index)
+                                    "idempotency_key": step.idempotency_key}, index)
+        plan.step_update(step, status=StepStatus.DECIDING, tool=call.tool_name,
+                         arguments=arguments, effect=tool.effect)
         plan.crash_after(CrashPoint.AFTER_STEP_DECIDED, index)
-        ex.commit(plan)
-        ex.steps.append(step)
-        return step
+        return ex.gate_and_start(plan, step, tool)
 
     def _interrupted(self, step: Step) -> None:
         """The tool could not tell whether its call took effect: the contract decides."""
@@ -368,8 +374,8 @@ class Journal:
         for call in requests.approvals:
             index = self._index_for(call)
             step = self._recorded(index, call)
-            if step is None or not (step.status in _FINISHED or index in self.started
-                                    or index in self.approved):
+            if step is None or not step.tool or not (
+                    step.status in _FINISHED or index in self.started or index in self.approved):
                 tool_def = ctx.tool_manager.get_tool_def(call.tool_name) if ctx.tool_manager \
                     else None
                 await self.sync(lambda: self._ask(index, call, tool_def, step))
@@ -380,11 +386,13 @@ class Journal:
         """Put a call the agent wants approved before a person (the policy may allow it ahead
         of time with a standing authorization, or deny it)."""
         self.agent.needs_approval.add(call.tool_name)
-        if step is None:
-            step = self._decide(index, call, tool_def)
-        tool = self.agent.tool_for_step(step.tool, step.effect)
-        assert tool is not None, "a Pydantic AI agent knows every recorded tool"
-        if self.ex.gate_and_start(self.ex.plan(), step, tool) is None:
+        if step is None or not step.tool:
+            started = self._decide(index, call, tool_def, step)
+        else:
+            tool = self.agent.tool_for_step(step)
+            assert tool is not None, "a Pydantic AI agent knows every recorded tool"
+            started = self.ex.gate_and_start(self.ex.plan(), step, tool)
+        if started is None:
             raise _Halt
         self.started.add(index)
 

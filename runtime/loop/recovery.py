@@ -160,7 +160,7 @@ def _with_tool(ex: Execution, plan: Plan, step: Step,
 def _tool_for(ex: Execution, step: Step) -> tuple[Tool | None, str]:
     """The step's tool, or None and why it cannot run again (never both, never neither)."""
     assert ex.agent is not None, AGENT_LOADED
-    tool = ex.agent.tool_for_step(step.tool, step.effect)
+    tool = ex.agent.tool_for_step(step)
     if tool is None:
         return None, f"tool {step.tool!r} is no longer registered for agent {ex.agent.name!r}"
     try:

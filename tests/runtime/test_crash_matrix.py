@@ -71,20 +71,31 @@ class Cell:
         return self.outcome.startswith("waits:")
 
 
-def plan() -> list[Cell]:
+# The Pydantic AI matrix (runtime.testkit.pai_agents): each kind behaves as its native twin.
+PAI_KINDS = ["pai-read", "pai-charge", "pai-send"]
+TWIN = {"pai-read": "read", "pai-charge": "charge", "pai-send": "send"}
+# A Pydantic AI run's commit of step 2's result is the 3rd commit naming step 2 (its decision,
+# its start, its result), the 4th for a tool that records its dispatch; a native run's also
+# starts step 3, so it is the first naming step 3.
+PAI_RESULT_COMMIT = {"pai-read": 3, "pai-charge": 3, "pai-send": 4}
+
+
+def plan(kinds: list[str] = KINDS) -> list[Cell]:
     """Every reachable (crash point, kind); unreachable ones are absent from the table."""
     cells = []
     for point in P:
         if point in OFF_STEP_POINTS:  # not a step's: test_outbox.py, test_group_commit.py
             continue
-        for kind in KINDS:
+        for name in kinds:
+            kind = TWIN.get(name, name)
             phases = [Crash(point, step_index=2)]
             if point in BEFORE_TOOL or point == P.AFTER_TOOL_FINISHED:
                 outcome, n = "continued", 1
             elif point in STARTED:
                 outcome, n = IF_STARTED[kind]
             elif point == P.IN_TRANSACTION:  # the commit holding step 2's result, rolled back
-                phases = [Crash(point, step_index=3)]
+                phases = ([Crash(point, step_index=2, occurrence=PAI_RESULT_COMMIT[name])]
+                          if name in PAI_RESULT_COMMIT else [Crash(point, step_index=3)])
                 outcome, n = IF_EFFECT[kind]
             elif point == P.AFTER_TOOL_EFFECT:
                 outcome, n = IF_EFFECT[kind]
@@ -102,7 +113,7 @@ def plan() -> list[Cell]:
                 outcome, n = "waits:interrupted_side_effect", 0
             else:  # pragma: no cover - a new crash point must be added to the matrix
                 raise AssertionError(f"the matrix does not cover {point}")
-            cells.append(Cell(point, kind, phases, outcome, n))
+            cells.append(Cell(point, name, phases, outcome, n))
     return cells
 
 
@@ -162,15 +173,32 @@ def why_rerun(run_id: int) -> str:
 @pytest.mark.slow
 @pytest.mark.engines
 def test_crash_matrix(database, tmp_path):
-    kit = ProcessKit(database, tmp_path, agents="runtime.testkit.agents.AGENTS",
+    run_matrix(database, tmp_path, KINDS, "runtime.testkit.agents.AGENTS",
+               table_path(database.engine))
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_crash_matrix_of_a_pydantic_ai_agent(database, tmp_path):
+    """The same matrix for a Pydantic AI agent: each kind ends as its native twin does, and
+    the model, which counts the requests it is sent, is never sent a recorded one again."""
+    kit = run_matrix(database, tmp_path, PAI_KINDS, "runtime.testkit.pai_agents.AGENTS",
+                     table_path(database.engine, "pydantic-ai"))
+    sent = Counter((c["prompt"], c["request"]) for c in kit.ledger.calls("model"))
+    assert sent and max(sent.values()) == 1, [k for k, n in sent.items() if n > 1]
+
+
+def run_matrix(database, tmp_path, kinds: list[str], agents: str, table: Path) -> ProcessKit:
+    kit = ProcessKit(database, tmp_path, agents=agents,
                      manage=ROOT / "manage.py", lease_seconds=3,
                      env={"RUNTIME_TEST_DIR": str(tmp_path)}, timeout=120)
-    cells = plan()
+    cells = plan(kinds)
     runs: dict[int, tuple[Cell, str]] = {}
     for cell in cells:
         start = kit.start_scheduled if cell.kind in SCHEDULED else kit.start
         for branch in ["none", *BRANCHES] if cell.waits else ["none"]:
-            runs[start(cell.kind, {"cell": f"{cell.point}/{cell.kind}"})] = (cell, branch)
+            runs[start(cell.kind, {"cell": f"{cell.point}/{cell.kind}", "branch": branch})] = (
+                cell, branch)
 
     # Phase 1: one real process per run, SIGKILLed at the cell's point; a fresh process is then
     # refused while the dead owner's lease is live (checked right after each kill).
@@ -224,28 +252,34 @@ def test_crash_matrix(database, tmp_path):
     assert kit.refusals == sum(1 for c, _ in runs.values() if c.phases[0].point != P.AFTER_PAUSE)
     assert after.runs == len(runs) and after.approvals_consumed == sum(
         1 for _, b in runs.values() if b == "approve")
-    write_table(cells, len(runs), before, after, table_path(database.engine))
+    write_table(cells, kinds, len(runs), before, after, table)
+    return kit
 
 
-def table_path(engine: str) -> Path:
+def table_path(engine: str, suite: str = "") -> Path:
     """Where this engine's table goes: the SQLite one keeps its old name and
-    ``CRASH_TABLE``; PostgreSQL's has its own file (``CRASH_TABLE_POSTGRES``)."""
+    ``CRASH_TABLE``; PostgreSQL's has its own file (``CRASH_TABLE_POSTGRES``); another
+    suite's tables are named after it."""
+    if suite:
+        tail = "" if engine == "sqlite" else f"-{engine}"
+        return ROOT / "test-output" / f"crash-matrix-{suite}{tail}.md"
     if engine == "sqlite":
         return Path(os.environ.get("CRASH_TABLE", ROOT / "test-output" / "crash-matrix.md"))
     return Path(os.environ.get("CRASH_TABLE_POSTGRES",
                                ROOT / "test-output" / f"crash-matrix-{engine}.md"))
 
 
-def write_table(cells: list[Cell], runs: int, before, after, out: Path) -> None:
+def write_table(cells: list[Cell], kinds: list[str], runs: int, before, after,
+                out: Path) -> None:
     """The crash-safety table, from what this run observed."""
     by = {(c.point, c.kind): c for c in cells}
-    lines = ["| crash point | " + " | ".join(KINDS) + " |",
-             "|---|" + "---|" * len(KINDS)]
+    lines = ["| crash point | " + " | ".join(kinds) + " |",
+             "|---|" + "---|" * len(kinds)]
     for point in P:
         if point in OFF_STEP_POINTS:
             continue
         row = []
-        for kind in KINDS:
+        for kind in kinds:
             cell = by.get((point, kind))
             if cell is None:
                 row.append("—")
