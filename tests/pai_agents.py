@@ -95,7 +95,8 @@ def retrying_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
     answered = sum(1 for m in messages if isinstance(m, ModelResponse))
     ledger().record("model", request=answered + 1, pid=os.getpid())
     if answered < 2:
-        return ModelResponse(parts=[ToolCallPart("flaky", {"n": answered}, tool_call_id=f"f{answered}")])
+        return ModelResponse(parts=[ToolCallPart("flaky", {"n": answered},
+                                                 tool_call_id=f"f{answered}")])
     return ModelResponse(parts=[TextPart("ok")])
 
 

@@ -89,7 +89,7 @@ class MCPServer:
             try:
                 async with self._client() as client:
                     listed = await client.list_tools()
-            except Exception as exc:  # noqa: BLE001 - any failure to reach it is "down"
+            except Exception as exc:
                 raise MCPServerDown(self.name, f"{type(exc).__name__}: {exc}") from None
             self._listed = list(listed.tools)
         return self._listed
@@ -100,12 +100,12 @@ class MCPServer:
         stack = contextlib.AsyncExitStack()
         try:
             client = await stack.enter_async_context(self._client())
-        except Exception as exc:  # noqa: BLE001 - nothing was sent
+        except Exception as exc:
             await _close_quietly(stack)
             raise MCPServerDown(self.name, f"{type(exc).__name__}: {exc}") from None
         try:
             result = await client.call_tool(tool, arguments)
-        except Exception as exc:  # noqa: BLE001 - sent, and no answer came back
+        except Exception as exc:
             await _close_quietly(stack)
             raise CallOutcomeUnknown(tool, f"MCP server {self.name} went away during the "
                                            f"call ({type(exc).__name__}: {exc})") from None

@@ -7,9 +7,9 @@ recording). What this module holds is what the registry, the policy and the reco
 know without running the agent: its name, budget, policy and each tool's effect.
 
 A tool's effect is declared in its metadata, ``metadata={"effect": "read_only"}``; a tool with
-no declaration is a side effect. ``metadata={"dispatches": True}`` promises that the tool calls
-``call_context().dispatch()`` right before its outbound call, as ``@tool(dispatches=True)``. The agent's ``effects`` mapping (an operator's per-tool
-setting) wins over any declaration.
+no declaration is a side effect. The agent's ``effects`` mapping (an operator's per-tool
+setting) wins over any declaration. ``metadata={"dispatches": True}`` promises that the tool
+calls ``call_context().dispatch()`` right before its outbound call (``@tool(dispatches=True)``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import pydantic_core
@@ -67,7 +68,7 @@ def run_pydantic_ai(ex: Execution) -> None:
         return
     try:
         output = run_awaitable(journal.run())
-    except BaseException as exc:  # noqa: BLE001 - sorted out below, re-raised unless ours
+    except BaseException as exc:
         stop = _control(exc)
         if isinstance(stop, _Halt):
             return
@@ -179,7 +180,7 @@ class Journal:
         except ModelRetry:
             raise
         except Exception as exc:
-            await self.sync(lambda: self._request_failed(exc))
+            await self.sync(partial(self._request_failed, exc))
             raise AssertionError("unreachable: a failed request ends the run") from None
         await self.sync(lambda: self._responded(number, response))
         return response
@@ -378,7 +379,7 @@ class Journal:
                     step.status in _FINISHED or index in self.started or index in self.approved):
                 tool_def = ctx.tool_manager.get_tool_def(call.tool_name) if ctx.tool_manager \
                     else None
-                await self.sync(lambda: self._ask(index, call, tool_def, step))
+                await self.sync(partial(self._ask, index, call, tool_def, step))
             answers[call.tool_call_id] = ToolApproved()
         return DeferredToolResults(approvals=answers)
 
@@ -424,7 +425,7 @@ def _cost(response: ModelResponse) -> Decimal:
     """The response's price where Pydantic AI knows the model's prices, else nothing."""
     try:
         return Decimal(str(response.cost().total_price))
-    except Exception:  # noqa: BLE001 - an unknown model has no price; usage is still counted
+    except Exception:
         return Decimal("0")
 
 

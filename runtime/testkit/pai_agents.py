@@ -25,7 +25,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from runtime.agents.pydanticai import PydanticAIAgent, call_context
 from runtime.testkit.agents import ledger
 
-UNDER_TEST = {"pai-read": ("lookup", {"order": 2}), "pai-charge": ("charge", {"amount": 7}),
+UNDER_TEST: dict[str, tuple[str, dict[str, Any]]] = {
+              "pai-read": ("lookup", {"order": 2}), "pai-charge": ("charge", {"amount": 7}),
               "pai-send": ("send", {"to": "ann@example.com"})}
 
 
