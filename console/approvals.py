@@ -179,6 +179,7 @@ def _render(
         "after_restore": selectors.approval_after_restore(approval),
         "tampered": selectors.approval_tampered(approval),
         "policy": selectors.approval_is_policy(approval),
+        "effect_source": selectors.approval_effect_source(approval),
         "kind_word": kind_word(approval.kind),
         "status_word": wording.status_word(approval),
         "conflict_word": (wording.status_word(approval, conflict.status)

@@ -262,8 +262,9 @@ def _step_decided(f: _Folding, step: StepState | None, p: dict[str, Any],
 
 
 def _step_failed(f: _Folding, step: StepState | None, p: dict[str, Any], at: datetime) -> None:
-    if step is not None:
-        step.end(StepStatus.FAILED, at, error=p.get("error", ""))
+    if step is not None:  # (a Pydantic AI tool's retry keeps what the model was told)
+        step.end(StepStatus.FAILED, at, error=p.get("error", ""),
+                 **({"result": p["retry"]} if "retry" in p else {}))
 
 
 def _policy_denied(f: _Folding, step: StepState | None, p: dict[str, Any],
@@ -401,6 +402,7 @@ HANDLERS: dict[str, Handler] = {
     EventKind.STEP_TOOL_FINISHED: _tool_finished,
     EventKind.STEP_TOOL_FAILED: _step_failed,
     EventKind.STEP_INTERRUPTED: _step_interrupted,
+    EventKind.STEP_OUTCOME_UNKNOWN: _recorded,
     EventKind.LLM_REQUESTED: _llm_requested,
     EventKind.LLM_RESPONDED: _llm_responded,
     EventKind.LLM_FAILED: _llm_failed,

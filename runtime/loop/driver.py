@@ -140,8 +140,8 @@ def run_tool(ex: Execution, step: Step) -> Step | None:
         result = tool.invoke(ctx, kwargs)
     except LeaseLost:
         raise
-    except CallOutcomeUnknown:  # as if the process had died mid-call: the contract decides
-        return interrupted(ex, step)
+    except CallOutcomeUnknown as exc:  # as if the process had died mid-call: the contract
+        return interrupted(ex, step, exc.reason)  # decides
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     crashpoints.reached(CrashPoint.AFTER_TOOL_EFFECT, run_id=ex.run.pk, step_index=step.index)

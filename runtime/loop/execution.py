@@ -288,18 +288,20 @@ class Execution:
         self.commit(plan)
         return step
 
-    def record_outcome(self, plan: Plan, step: Step, result: Any, error: str) -> None:
+    def record_outcome(self, plan: Plan, step: Step, result: Any, error: str) -> dict[str, Any]:
+        """Add the call's outcome to ``plan``; the payload of its event."""
         if error:
-            plan.event("step.tool_failed", {"error": error, "attempt": step.attempt,
-                                            "started": True}, step.index)
+            payload = plan.event("step.tool_failed", {"error": error, "attempt": step.attempt,
+                                                      "started": True}, step.index)
             plan.step_update(step, status=StepStatus.FAILED, error=error, finished_at=plan.at)
         else:
-            plan.event("step.tool_finished", {"result": result, "attempt": step.attempt},
-                       step.index)
+            payload = plan.event("step.tool_finished", {"result": result,
+                                                        "attempt": step.attempt}, step.index)
             plan.step_update(step, status=StepStatus.SUCCEEDED, result=result,
                              finished_at=plan.at)
         plan.crash_after(CrashPoint.AFTER_TOOL_FINISHED, step.index)
         self.remember(step)
+        return payload
 
     def record_dispatch(self, step: Step) -> None:
         """``ctx.dispatch()``: commit that the tool's outbound call may now go out."""

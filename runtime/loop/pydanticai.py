@@ -252,8 +252,8 @@ class Journal:
             result, error, retry = None, "", None
             try:
                 result = await handler(args)
-            except CallOutcomeUnknown:  # as if the process had died mid-call
-                await self.sync(lambda: self._interrupted(step))
+            except CallOutcomeUnknown as exc:  # as if the process had died mid-call
+                await self.sync(partial(self._interrupted, step, exc.reason))
                 continue
             except ToolRetryError as exc:  # the tool's ModelRetry: recorded, raised again
                 retry = exc
@@ -344,9 +344,9 @@ class Journal:
         plan.crash_after(CrashPoint.AFTER_STEP_DECIDED, index)
         return ex.gate_and_start(plan, step, tool)
 
-    def _interrupted(self, step: Step) -> None:
+    def _interrupted(self, step: Step, why: str) -> None:
         """The tool could not tell whether its call took effect: the contract decides."""
-        if interrupted(self.ex, step) is None:
+        if interrupted(self.ex, step, why) is None:
             raise _Halt
 
     def _finished(self, step: Step, result: Any, error: str,
@@ -361,9 +361,10 @@ class Journal:
             except (InvalidPayload, pydantic_core.PydanticSerializationError) as exc:
                 result, error = None, str(exc)
         plan = ex.plan()
-        ex.record_outcome(plan, step, result, error)
+        payload = ex.record_outcome(plan, step, result, error)
         if retry is not None:  # what the model is told, given back as it was on replay
-            plan.step_update(step, result=PARTS.dump_python(retry.tool_retry, mode="json"))
+            told = payload["retry"] = PARTS.dump_python(retry.tool_retry, mode="json")
+            plan.step_update(step, result=told)
         ex.commit(plan)
 
     # -- approvals the agent asks for (``requires_approval``) ---------------------------------

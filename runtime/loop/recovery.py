@@ -78,10 +78,14 @@ def redecide(ex: Execution, step: Step) -> Step | None:
     return step
 
 
-def interrupted(ex: Execution, step: Step) -> Step | None:
+def interrupted(ex: Execution, step: Step, why: str = "") -> Step | None:
     """Design §7: reconcile if the agent can; else re-run reads, and put side effects to a
-    person unless the dispatch record proves the call never went out."""
+    person unless the dispatch record proves the call never went out. ``why``: the tool
+    itself could not tell whether its call took effect (``CallOutcomeUnknown``)."""
     plan = ex.plan()
+    if why:
+        plan.event("step.outcome_unknown", {"reason": why, "attempt": step.attempt},
+                   step.index)
     if step.status == StepStatus.EXECUTING:  # released mid-call by a stopping worker
         interrupt_step(plan, step)
     assert ex.agent is not None, AGENT_LOADED
@@ -106,7 +110,7 @@ def interrupted(ex: Execution, step: Step) -> Step | None:
             "attempt": step.attempt}, step.index)
         return ex.start_tool(plan, step, tool, after="interruption",
                              authorized_by="dispatch proof")
-    title, detail = _interrupted_presentation(step)
+    title, detail = _interrupted_presentation(step, why)
     ex.pause(plan, step, ApprovalKind.INTERRUPTED_SIDE_EFFECT, title, detail,
              StepStatus.INTERRUPTED)
     return None
@@ -261,7 +265,7 @@ def _apply_outcome(ex: Execution, plan: Plan, step: Step, outcome: Any,
     return _run_again(ex, plan, step, tool, authorized_by="reconcile")
 
 
-def _interrupted_presentation(step: Step) -> tuple[str, str]:
+def _interrupted_presentation(step: Step, why: str = "") -> tuple[str, str]:
     started = (Event.objects.filter(run_id=step.run_id, step_index=step.index,
                                     kind="step.tool_started").order_by("-seq").first())
     when = started.at.isoformat(timespec="seconds") if started else "an unknown time"
@@ -271,7 +275,8 @@ def _interrupted_presentation(step: Step) -> tuple[str, str]:
     # happened, which nothing else on it does.
     detail = (
         f"The call to {step.tool} ({step.effect}) started at {when}, attempt {step.attempt}, "
-        f"run by {who}, and the process stopped before its outcome was recorded, so whether "
+        f"run by {who}, and "
+        f"{why or 'the process stopped before its outcome was recorded'}, so whether "
         "it took effect is unknown. Check the outside world for its idempotency key."
     )
     return title, detail

@@ -16,6 +16,7 @@ from runtime.models import (
     ApprovalKind,
     ApprovalStatus,
     Effect,
+    Event,
     Notification,
 )
 
@@ -114,6 +115,16 @@ def approval_after_restore(approval: Approval) -> bool:
 def approval_is_policy(approval: Approval) -> bool:
     """A policy approval asks before a first call; the others ask about an interrupted one."""
     return approval.kind == ApprovalKind.POLICY
+
+
+def approval_effect_source(approval: Approval) -> str:
+    """Where the request's effect came from, when the tool did not declare it in code (a
+    Pydantic AI tool's metadata, an MCP server's annotations, the operator's setting); ""
+    for a native tool."""
+    payload = (Event.objects.filter(run_id=approval.run_id, step_index=approval.step.index,
+                                    kind="step.decided")
+               .order_by("-seq").values_list("payload", flat=True).first())
+    return str((payload or {}).get("effect_source") or "")
 
 
 def approval_notifications(approval: Approval) -> list[Any]:

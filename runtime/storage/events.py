@@ -43,6 +43,7 @@ class EventKind(StrEnum):
     STEP_TOOL_FINISHED = "step.tool_finished"
     STEP_TOOL_FAILED = "step.tool_failed"
     STEP_INTERRUPTED = "step.interrupted"
+    STEP_OUTCOME_UNKNOWN = "step.outcome_unknown"  # the tool could not tell (its server went)
     LLM_REQUESTED = "llm.requested"
     LLM_RESPONDED = "llm.responded"
     LLM_FAILED = "llm.failed"

@@ -14,6 +14,7 @@ from runtime.agents.agent import registry
 from runtime.approvals.decisions import approve, reject, resolve
 from runtime.audit.chain import verify
 from runtime.crashpoints import CrashPoint
+from runtime.errors import SimulatedCrash
 from runtime.models import Step
 from runtime.selectors.approvals import pending
 from tests import pai_agents
@@ -114,6 +115,7 @@ def test_a_model_retry_is_replayed_not_redone(database, clock, crash, tmp_path, 
     assert [c["n"] for c in pai_agents.ledger().calls("flaky")] == [0, 1]
     assert [s.error.startswith("ModelRetry") for s in Step.objects.filter(run=run)
             .order_by("index")] == [True, False]
+    assert verify(run.pk).ok
     assert "llm.requested" in events_of(run)
 
 
@@ -189,3 +191,55 @@ def test_the_operators_setting_wins_over_the_tools_declaration(database, clock, 
     assert held.tool == "lookup_order" and held.effect == "side_effect"
     (decided,) = events(run, "step.decided")
     assert decided.payload["effect_source"] == "set by configuration"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "threads"])
+def test_runworker_runs_pydantic_ai_agents(database, tmp_path, spawn, loop, monkeypatch):
+    """A real worker (the event loop by default, and the thread worker) runs eight Pydantic AI
+    runs side by side to their ends; each made each model request once."""
+    monkeypatch.setattr(pai_agents, "DIR", tmp_path)
+    with registry.override(pai_agents.build()):
+        runs = [start("pai-refunds", f"refund {i}") for i in range(8)]
+    worker = spawn("--burst", "--concurrency", "4", "--loop", loop,
+                   env={"RUNTIME_AGENTS": "tests.agents.AGENTS,tests.pai_agents.AGENTS"})
+    assert worker.wait(120) == 0, worker.output()
+    for run in runs:
+        run.refresh_from_db()
+        assert run.status == "succeeded", (run.failure_message, worker.output())
+        assert run.llm_requests == 3 and run.tokens_in > 0
+        assert verify(run.pk).ok
+    ledger = pai_agents.ledger()
+    assert sorted(c["run"] for c in ledger.calls("refund")) == sorted(r.pk for r in runs)
+    assert len(pai_agents.requests_made()) == 3 * len(runs)
+
+
+def test_an_agent_that_asks_for_other_calls_when_resumed_ends_the_run(database, clock, crash,
+                                                                       desk):
+    """A deploy between two executions renamed a tool: the recorded response asks for a tool
+    the agent no longer has, so the next call differs from what step 1 recorded."""
+    run = start("pai-refunds", "refund A-18", clock=clock)
+    crash(CrashPoint.AFTER_TOOL_FINISHED, step_index=1)
+    with pytest.raises(SimulatedCrash):
+        resume(run.pk, clock=clock, owner="worker-a")
+    renamed = pai_agents.build()
+    renamed.pydantic_agent._function_toolset.tools["lookup_order"].name = "find_order"
+    clock.advance(60)
+    with registry.override(renamed):
+        run = resume(run.pk, clock=clock, owner="worker-b")
+    assert run.status == "failed"
+    assert "ReplayDiverged" in run.failure_message, run.failure_message
+    assert pai_agents.ledger().count("refund") == 0
+
+
+def test_a_pydantic_ai_run_is_held_to_its_budget(database, clock, tmp_path, monkeypatch):
+    from runtime import Budget
+
+    monkeypatch.setattr(pai_agents, "DIR", tmp_path)
+    with registry.override(pai_agents.build(budget=Budget(max_tokens=60))):
+        run = resume(start("pai-refunds", "refund A-17", clock=clock).pk, clock=clock)
+    assert (run.status, run.failure_code) == ("failed", "budget_exceeded")
+    assert "tokens exceed the budget of 60" in run.failure_message
+    with registry.override(pai_agents.build(budget=Budget(max_steps=2))):
+        run = resume(start("pai-refunds", "refund A-17", clock=clock).pk, clock=clock)
+    assert (run.status, run.failure_code) == ("failed", "budget_exceeded")
+    assert pai_agents.ledger().count("send_note") == 0
