@@ -54,6 +54,8 @@ from runtime.benchkit.workers import LOCKED, WorkerProc, group_use, pct, writer_
 from runtime.models import Event, Run
 
 STEPS_PER_RUN = WAIT_TOOL_CALLS + 1  # tool steps, then the final answer's step
+WAITING = ("bench_wait", "bench_pai_wait")  # agents whose model waits (runs take no input)
+PAI_AGENTS = "runtime.benchkit.pai_agents.AGENTS"  # loaded by the agents line's workers only
 # (default, --quick)
 SIZES: dict[str, tuple[Any, Any]] = {
     "levels": ((1, 16, 64, 256), (1, 16, 64)),
@@ -70,6 +72,11 @@ NOWAIT_STEPS_PER_S = 5_000
 PROCESS_IN_FLIGHT = 16  # runs in flight per process on the processes line
 LOOPS = ("threads", "asyncio")  # the loops line: a thread per run, then the event loop
 LOOPS_IN_FLIGHT = 16
+# The agents line: the native bench_wait against its Pydantic AI twin, this many in flight,
+# counted in model requests (one per step for the native agent; a Pydantic AI run's last
+# request gives its answer and starts no step).
+AGENTS_IN_FLIGHT = 64
+AGENT_KINDS = (("native", "bench_wait"), ("pydantic-ai", "bench_pai_wait"))
 RAMP_TIMEOUT = 10.0  # seconds given a level's workers to have every slot busy (reported)
 
 FSYNC_SOURCE = r"""
@@ -136,8 +143,10 @@ def _fsyncs(env: dict[str, str] | None, workers: list[WorkerProc]) -> int | None
 
 def level(template: Path, directory: Path, tag: str, *, agent: str, processes: int,
           concurrency: int, warm: float, window: float, fsync_env: dict[str, str] | None,
-          steps_per_s_bound: float, cpu: str = "off", loop: str = "asyncio") -> dict[str, Any]:
-    """One configuration on a fresh copy of ``template``: queue, run, measure, stop."""
+          steps_per_s_bound: float, cpu: str = "off", loop: str = "asyncio",
+          count: str = "step.started", env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One configuration on a fresh copy of ``template``: queue, run, measure, stop.
+    ``count``: the event kind counted as a step (``llm.requested``: model requests)."""
     db = directory / f"{tag}.sqlite3"
     shutil.copyfile(template, db)
     point_default_at(db)
@@ -145,11 +154,12 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
     logs.mkdir(exist_ok=True)
     slots = processes * concurrency
     runs = slots + math.ceil(steps_per_s_bound * (warm + window + 3) / STEPS_PER_RUN)
-    ids = create_runs(agent, runs, None if agent == "bench_wait" else WAIT_TOOL_CALLS)
+    ids = create_runs(agent, runs, None if agent in WAITING else WAIT_TOOL_CALLS)
     lo, hi = min(ids), max(ids)
     workers = [WorkerProc(db, logs, ["--concurrency", str(concurrency), "--cpu", cpu,
                                      "--loop", loop],
-                          f"{tag}-{i}", env=fsync_env) for i in range(processes)]
+                          f"{tag}-{i}", env={**(fsync_env or {}), **(env or {})})
+               for i in range(processes)]
     try:
         began = time.monotonic()
         running = Run.objects.filter(pk__gte=lo, pk__lte=hi, status="running")
@@ -171,7 +181,7 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
         codes = [w.wait(60) for w in workers]
     seconds = (t1 - t0).total_seconds()
     mine = Event.objects.filter(run_id__gte=lo, run_id__lte=hi)
-    rows = list(mine.filter(kind__in=("step.started", "run.succeeded", "run.failed"))
+    rows = list(mine.filter(kind__in=(count, "run.succeeded", "run.failed"))
                 .order_by("run_id", "seq").values_list("run_id", "kind", "at"))
     by_run: dict[int, list[tuple[str, datetime]]] = defaultdict(list)
     for run_id, kind, at in rows:
@@ -179,7 +189,7 @@ def level(template: Path, directory: Path, tag: str, *, agent: str, processes: i
     counted, latencies, all_steps = 0, [], 0
     for events in by_run.values():
         for i, (kind, at) in enumerate(events):
-            if kind != "step.started":
+            if kind != count:
                 continue
             all_steps += 1
             if not t0 <= at < t1:
@@ -281,6 +291,23 @@ def measure(path: Path, quick: bool, step: Callable[[str], None],
                     loop=kind, **common))
         r["loops"] = [_median_round(kinds[kind]) for kind in LOOPS]
         paired_ratios(r["loops"], [kinds[kind] for kind in LOOPS])
+        # A Pydantic AI agent beside its native twin, AGENTS_IN_FLIGHT in flight, 100 ms model.
+        agents: dict[str, list[dict[str, Any]]] = {kind: [] for kind, _ in AGENT_KINDS}
+        pai = {"RUNTIME_AGENTS": f"runtime.benchkit.agents.AGENTS,{PAI_AGENTS}"}
+        for k in range(size["rounds"]):
+            for kind, name in AGENT_KINDS:
+                step(f"agents: {kind}, {AGENTS_IN_FLIGHT} in flight, round {k + 1}")
+                agents[kind].append(level(
+                    tag=f"agent-{kind}-{k}", agent=name, processes=1,
+                    concurrency=AGENTS_IN_FLIGHT, count="llm.requested", env=pai,
+                    steps_per_s_bound=AGENTS_IN_FLIGHT / WAIT_SECONDS, **common))
+        r["agents"] = []
+        for kind, _ in AGENT_KINDS:
+            x = _median_round(agents[kind])
+            x["agent"] = kind
+            x["ideal_steps_per_s"] = AGENTS_IN_FLIGHT / WAIT_SECONDS
+            x["percent_of_ideal"] = 100 * x["steps_per_s"] / x["ideal_steps_per_s"]
+            r["agents"].append(x)
     finally:
         point_default_at(path)
     r["targets"] = targets(r)
@@ -353,10 +380,19 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"event loop >= thread per run at {LOOPS_IN_FLIGHT} in flight (no wait)",
             loop["ratio"] >= 1, _ratio_figure(loop, threads)
             + f"; CPU {loop['cpu_ms_per_step']:.2f} vs {threads['cpu_ms_per_step']:.2f} ms/step")
+    for x in r.get("agents", []):
+        if x["agent"] != "native":
+            add(f">= 80% of the ideal model requests/s, a {x['agent']} agent at "
+                f"{x['in_flight']} in flight (model {r['wait_ms']:.0f} ms)",
+                x["percent_of_ideal"] >= 80,
+                f"{x['steps_per_s']:.0f} of {x['ideal_steps_per_s']:.0f} requests/s = "
+                f"{x['percent_of_ideal']:.0f}% (native: "
+                f"{r['agents'][0]['percent_of_ideal']:.0f}%), RSS {x['rss_mib']:.0f} MiB")
     pr = {x["processes"]: x for x in r["processes"]}
     if 1 in pr and 2 in pr:
         add("2 processes >= 1.6 x one", pr[2]["ratio"] >= 1.6, _ratio_figure(pr[2], pr[1]))
-    every = r["levels"] + r["nowait"] + r["processes"] + r.get("loops", [])
+    every = (r["levels"] + r["nowait"] + r["processes"] + r.get("loops", [])
+             + r.get("agents", []))
     locked = sum(x["locked_errors"] for x in every)
     add('no "database is locked" in any worker\'s output', locked == 0, f"{locked} found")
     bad = [f"{x['in_flight']} ({x['processes']} proc)" for x in every

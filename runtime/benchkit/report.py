@@ -285,6 +285,17 @@ def render_inflight(r: dict[str, Any]) -> str:
             out.append(row(x, f"{x['ratio']:8.2f}").replace(
                 f"  {x['in_flight']:9}", f"  {x['loop']:>9}", 1))
         rounds_line(r["loops"])
+    if r.get("agents"):
+        out += ["", f"5. Agents: one process, {r['agents'][0]['in_flight']} in flight, model "
+                f"answers after {r['wait_ms']:.0f} ms; steps counted as model requests "
+                f"(ideal: N x {1000 / r['wait_ms']:.0f}/s){rounds}",
+                head.format(extra="  ideal  % ideal").replace("  in flight", "      agent")]
+        for x in r["agents"]:
+            out.append(row(x, f"{x['ideal_steps_per_s']:6.0f} {x['percent_of_ideal']:7.1f}%")
+                       .replace(f"  {x['in_flight']:9}", f"  {x['agent']:>11}", 1))
+        rounds_line(r["agents"])
+        out.append("   worker RSS at the window's end (MiB): " + "; ".join(
+            f"{x['agent']}: {x.get('rss_mib', 0):.0f}" for x in r["agents"]))
     out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
             " a step.started to the run's next step.started (or its end);",
             "   plans: distinct (run, time) of the window's events; commits: the workers' "

@@ -324,6 +324,9 @@ class Execution:
         """Put the step's request before a person: an approval, the run waiting, no lease.
         With a deadline (the policy's, or the agent's default for other kinds) the approval
         expires if nobody decides in time."""
+        if any(s is step for s in plan.step_inserts):  # the approval names the step's row:
+            self.commit(plan)  # written first (a step started and decided in one plan)
+            plan = self.plan()
         if expires_in is None and kind != ApprovalKind.POLICY:
             expires_in = default_expiry_seconds(self.run.agent)
         expires_at = None if expires_in is None else plan.at + timedelta(seconds=expires_in)

@@ -42,7 +42,7 @@ from runtime.loop.execution import Execution, new_step
 from runtime.loop.recovery import consume, interrupted
 from runtime.models import Approval, ApprovalStatus, Event, FailureCode, Step, StepStatus
 from runtime.storage.connections import connection_release
-from runtime.storage.plan import Add
+from runtime.storage.plan import Add, Plan
 
 T = TypeAdapter(ModelResponse)
 PARTS: TypeAdapter[Any] = TypeAdapter(ModelRequestPart)
@@ -75,11 +75,11 @@ def run_pydantic_ai(ex: Execution) -> None:
         if stop is not None:
             raise stop from None
         assert isinstance(exc, Exception), "a BaseException of someone else's is a control one"
-        plan = ex.plan()
+        plan = journal.plan()
         ex.fail(plan, FailureCode.ERROR, f"{type(exc).__name__}: {exc}")
         ex.commit(plan)
         return
-    plan = ex.plan()
+    plan = journal.plan()
     try:
         value = check_payload("final answer", pydantic_core.to_jsonable_python(output))
     except (InvalidPayload, pydantic_core.PydanticSerializationError) as exc:
@@ -114,6 +114,9 @@ class Journal:
     indexes: dict[str, int] = field(default_factory=dict)  # tool call id -> step index
     started: set[int] = field(default_factory=set)  # started by this execution, not yet run
     approved: dict[int, Approval] = field(default_factory=dict)  # decided, not yet consumed
+    # What needs no commit of its own (a model's response, a step's start, a call's result):
+    # committed with the next commit, before anything goes out (that commit is gated).
+    open: Plan | None = None
 
     def __post_init__(self) -> None:
         g = run_greenlet()
@@ -122,6 +125,20 @@ class Journal:
             payload["response"] for payload in Event.objects.filter(
                 run_id=self.ex.run.pk, kind="llm.responded").order_by("seq")
             .values_list("payload", flat=True) if "response" in payload]
+
+    def plan(self) -> Plan:
+        """The plan to add to: what waits for the next commit, else a new one."""
+        plan, self.open = self.open or self.ex.plan(), None
+        return plan
+
+    def keep(self, plan: Plan) -> None:
+        """Commit ``plan`` with the next commit: nothing outside waits on it."""
+        self.open = plan
+
+    def flush(self) -> None:
+        """Commit what waits, before a rule that makes its own plan (recovery's)."""
+        if self.open is not None:
+            self.ex.commit(self.plan())
 
     # -- before the agent runs ----------------------------------------------------------------
 
@@ -187,11 +204,11 @@ class Journal:
 
     def _requesting(self, number: int) -> None:
         ex = self.ex
-        plan = ex.plan()
         self._stop_if_asked()
         over = ex.llm_budget_error()
         if over:
             self._fail(over, FailureCode.BUDGET_EXCEEDED)
+        plan = self.plan()
         index = len(ex.steps) + 1  # the step this request decides, if it asks for a call
         plan.event("llm.requested", {"request": number})
         plan.run["llm_requests"] = Add(1)
@@ -202,7 +219,7 @@ class Journal:
         connection_release()  # the model's wait holds no connection of the database's
 
     def _request_failed(self, exc: Exception) -> None:
-        plan = self.ex.plan()
+        plan = self.plan()
         message = f"{type(exc).__name__}: {exc}"
         plan.event("llm.failed", {"error": message, "attempt": 1, "retryable": False})
         self.ex.fail(plan, FailureCode.ERROR, f"LLM request failed: {message}")
@@ -211,11 +228,11 @@ class Journal:
 
     def _responded(self, number: int, response: ModelResponse) -> None:
         ex = self.ex
-        plan = ex.plan()
         try:
             recorded = check_payload("model response", T.dump_python(response, mode="json"))
         except InvalidPayload as exc:
             self._fail(str(exc))
+        plan = self.plan()
         usage = response.usage
         cost = _cost(response)
         plan.event("llm.responded", {
@@ -232,7 +249,7 @@ class Journal:
             ex.fail(plan, FailureCode.BUDGET_EXCEEDED, over)
             ex.commit(plan)
             raise _Halt
-        ex.commit(plan)
+        self.keep(plan)  # durable with the call it asks for, or the run's end
         self.responses.append(recorded)
 
     # -- tool calls ---------------------------------------------------------------------------
@@ -296,8 +313,10 @@ class Journal:
             self.started.discard(index)
             started = step
         elif index in self.approved:
+            self.flush()
             started = consume(ex, step, self.approved.pop(index))
         else:  # an unfinished step nobody settled: as if found at a takeover
+            self.flush()
             started = interrupted(ex, step)
         if started is None:
             raise _Halt
@@ -311,9 +330,10 @@ class Journal:
 
     def _decide(self, index: int, call: Any, tool_def: Any, step: Step | None) -> Step | None:
         """Record the agent's call as step ``index`` and put it through policy, as a native
-        run does: the step's start is committed first (a step with no tool yet: decided again
-        if the run stops here), then its decision with the tool's start or the pause, in one
-        commit. Returns the started step, or None when the run paused or ended."""
+        run does: the step's start, its decision and the tool's start (or the pause) in one
+        commit, with the model's response that asked for it. A step left with no tool (a
+        pause writes the step first) is decided again. Returns the started step, or None when
+        the run paused or ended."""
         ex = self.ex
         self._stop_if_asked()
         limit = self.agent.budget.max_steps
@@ -324,18 +344,16 @@ class Journal:
             arguments = check_payload("tool arguments", call.args_as_dict())
         except InvalidPayload as exc:
             self._fail(str(exc))
-        if step is None:
+        plan = self.plan()
+        if step is None:  # its start is committed with its decision
             assert index == len(ex.steps) + 1, "steps are recorded in the order they are called"
-            plan = ex.plan()
             key = step_idempotency_key(ex.run.pk, ex.run.created_at, index)
             step = new_step(run_id=ex.run.pk, index=index, status=StepStatus.DECIDING,
                             idempotency_key=key, started_at=plan.at)
             plan.event("step.started", {"idempotency_key": key}, index)
             plan.step_insert(step)
-            ex.commit(plan)
             ex.steps.append(step)
         tool, source = self._tool(call, tool_def)
-        plan = ex.plan()
         plan.event("step.decided", {"tool": call.tool_name, "arguments": arguments,
                                     "effect": tool.effect, "effect_source": source,
                                     "idempotency_key": step.idempotency_key}, index)
@@ -346,6 +364,7 @@ class Journal:
 
     def _interrupted(self, step: Step, why: str) -> None:
         """The tool could not tell whether its call took effect: the contract decides."""
+        self.flush()
         if interrupted(self.ex, step, why) is None:
             raise _Halt
 
@@ -360,12 +379,12 @@ class Journal:
                                        pydantic_core.to_jsonable_python(result))
             except (InvalidPayload, pydantic_core.PydanticSerializationError) as exc:
                 result, error = None, str(exc)
-        plan = ex.plan()
+        plan = self.plan()
         payload = ex.record_outcome(plan, step, result, error)
         if retry is not None:  # what the model is told, given back as it was on replay
             told = payload["retry"] = PARTS.dump_python(retry.tool_retry, mode="json")
             plan.step_update(step, result=told)
-        ex.commit(plan)
+        self.keep(plan)  # durable with the next request, or the run's end
 
     # -- approvals the agent asks for (``requires_approval``) ---------------------------------
 
@@ -393,7 +412,7 @@ class Journal:
         else:
             tool = self.agent.tool_for_step(step)
             assert tool is not None, "a Pydantic AI agent knows every recorded tool"
-            started = self.ex.gate_and_start(self.ex.plan(), step, tool)
+            started = self.ex.gate_and_start(self.plan(), step, tool)
         if started is None:
             raise _Halt
         self.started.add(index)
@@ -403,11 +422,11 @@ class Journal:
     def _stop_if_asked(self) -> None:
         self.ex.check_lease()
         if self.ex.should_stop():
-            self.ex.stop_here(self.ex.plan())
+            self.ex.stop_here(self.plan())
             raise _Halt
 
     def _fail(self, message: str, code: str = FailureCode.ERROR) -> None:
-        plan = self.ex.plan()
+        plan = self.plan()
         self.ex.fail(plan, code, message)
         self.ex.commit(plan)
         raise _Halt

@@ -74,10 +74,10 @@ class Cell:
 # The Pydantic AI matrix (runtime.testkit.pai_agents): each kind behaves as its native twin.
 PAI_KINDS = ["pai-read", "pai-charge", "pai-send"]
 TWIN = {"pai-read": "read", "pai-charge": "charge", "pai-send": "send"}
-# A Pydantic AI run's commit of step 2's result is the 3rd commit naming step 2 (its decision,
-# its start, its result), the 4th for a tool that records its dispatch; a native run's also
-# starts step 3, so it is the first naming step 3.
-PAI_RESULT_COMMIT = {"pai-read": 3, "pai-charge": 3, "pai-send": 4}
+# A Pydantic AI run's commit of step 2's result is the 2nd commit naming step 2 (its start and
+# decision, its result with the next model request), the 3rd for a tool that records its
+# dispatch; a native run's also starts step 3, so it is the first naming step 3.
+PAI_RESULT_COMMIT = {"pai-read": 2, "pai-charge": 2, "pai-send": 3}
 
 
 def plan(kinds: list[str] = KINDS) -> list[Cell]:
