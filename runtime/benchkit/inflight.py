@@ -301,6 +301,9 @@ def measure(path: Path, quick: bool, step: Callable[[str], None],
                     tag=f"agent-{kind}-{k}", agent=name, processes=1,
                     concurrency=AGENTS_IN_FLIGHT, count="llm.requested", env=pai,
                     steps_per_s_bound=AGENTS_IN_FLIGHT / WAIT_SECONDS, **common))
+        from runtime.benchkit.pai_agents import own_cpu_ms_per_request  # (Pydantic AI: 1 s)
+
+        r["pydantic_ai_own_cpu_ms"] = own_cpu_ms_per_request()
         r["agents"] = []
         for kind, _ in AGENT_KINDS:
             x = _median_round(agents[kind])
@@ -387,7 +390,10 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                 x["percent_of_ideal"] >= 80,
                 f"{x['steps_per_s']:.0f} of {x['ideal_steps_per_s']:.0f} requests/s = "
                 f"{x['percent_of_ideal']:.0f}% (native: "
-                f"{r['agents'][0]['percent_of_ideal']:.0f}%), RSS {x['rss_mib']:.0f} MiB")
+                f"{r['agents'][0]['percent_of_ideal']:.0f}%), RSS {x['rss_mib']:.0f} MiB; "
+                f"CPU {x['cpu_ms_per_step']:.1f} ms per request, of which Pydantic AI's own "
+                f"{r['pydantic_ai_own_cpu_ms']:.1f} ms (alone, at most "
+                f"{1000 / r['pydantic_ai_own_cpu_ms']:.0f} requests/s per CPU)")
     pr = {x["processes"]: x for x in r["processes"]}
     if 1 in pr and 2 in pr:
         add("2 processes >= 1.6 x one", pr[2]["ratio"] >= 1.6, _ratio_figure(pr[2], pr[1]))

@@ -6,6 +6,8 @@ pai_agents.AGENTS``): Pydantic AI takes a second to import."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -18,16 +20,20 @@ from runtime.benchkit.agents import WAIT_SECONDS, WAIT_TOOL_CALLS
 PATH = "runtime.benchkit.pai_agents.AGENTS"
 
 
-async def _answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    await asyncio.sleep(WAIT_SECONDS)
-    done = sum(1 for m in messages if isinstance(m, ModelResponse))
-    if done < WAIT_TOOL_CALLS:
-        return ModelResponse(parts=[ToolCallPart("bench_read", {"n": done + 1})])
-    return ModelResponse(parts=[TextPart(f"read {done}")])
+def _answering(wait: float) -> Callable[[list[ModelMessage], AgentInfo],
+                                       Awaitable[ModelResponse]]:
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await asyncio.sleep(wait)
+        done = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if done < WAIT_TOOL_CALLS:
+            return ModelResponse(parts=[ToolCallPart("bench_read", {"n": done + 1})])
+        return ModelResponse(parts=[TextPart(f"read {done}")])
+
+    return answer
 
 
-def _agent() -> PydanticAIAgent:
-    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(_answer),
+def _agent(wait: float = WAIT_SECONDS) -> PydanticAIAgent:
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(_answering(wait)),
                                                     name="bench_pai_wait")
 
     @agent.tool_plain(metadata={"effect": "read_only"})
@@ -39,3 +45,20 @@ def _agent() -> PydanticAIAgent:
 
 
 AGENTS = [_agent()]
+
+
+def own_cpu_ms_per_request(runs: int = 40) -> float:
+    """Pydantic AI's own CPU per model request, without the runtime: the same agent run
+    ``runs`` times in this process (tools one after another, as the runtime runs them) with a
+    model that answers at once. What one process can give Pydantic AI runs at most."""
+    agent = _agent(wait=0).pydantic_agent
+
+    async def all_runs(n: int) -> None:
+        with agent.parallel_tool_call_execution_mode("sequential"):
+            for _ in range(n):
+                await agent.run("{}")
+
+    asyncio.run(all_runs(3))  # imports and first-call costs aside
+    began = time.process_time()
+    asyncio.run(all_runs(runs))
+    return (time.process_time() - began) * 1000 / (runs * (WAIT_TOOL_CALLS + 1))

@@ -296,6 +296,9 @@ def render_inflight(r: dict[str, Any]) -> str:
         rounds_line(r["agents"])
         out.append("   worker RSS at the window's end (MiB): " + "; ".join(
             f"{x['agent']}: {x.get('rss_mib', 0):.0f}" for x in r["agents"]))
+        if r.get("pydantic_ai_own_cpu_ms"):
+            out.append(f"   Pydantic AI's own CPU per model request, without the runtime (the "
+                       f"same agent in this process): {r['pydantic_ai_own_cpu_ms']:.2f} ms")
     out += ["", "   avg: runs in flight on average in the window (claim to last event); latency:"
             " a step.started to the run's next step.started (or its end);",
             "   plans: distinct (run, time) of the window's events; commits: the workers' "

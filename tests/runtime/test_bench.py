@@ -193,11 +193,15 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
     env.pop("DATABASE_URL", None)
     proc = subprocess.run([sys.executable, "manage.py", "bench", "--inflight", "--quick",
                            "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["section"] == "inflight" and data["quick"] is True
     assert [x["loop"] for x in data["loops"]] == ["threads", "asyncio"]
+    assert [(x["agent"], x["in_flight"]) for x in data["agents"]] == [
+        ("native", 64), ("pydantic-ai", 64)]
+    assert all(x["failed_runs"] == 0 and x["steps_per_s"] > 0 for x in data["agents"])
+    assert data["pydantic_ai_own_cpu_ms"] > 0
     assert {x["in_flight"] for x in data["loops"]} == {16}
     assert {x["loop"] for x in data["levels"] + data["nowait"]} == {"asyncio"}
     assert [x["in_flight"] for x in data["levels"]] == [1, 16, 64]
@@ -232,10 +236,12 @@ def test_bench_inflight_quick_reports_every_level(tmp_path):
     assert any(n.startswith("no wait: 16 in flight") for n in names)
     assert any(n.startswith("2 processes") for n in names)
     assert any(n.startswith("event loop >= thread per run") for n in names)
+    assert any("pydantic-ai agent at 64 in flight" in n for n in names)
     assert any(n.startswith("no wait: CPU per step at 16") for n in names)
     assert any("database is locked" in n for n in names)
     assert all(isinstance(t["met"], bool) and t["figure"] for t in data["targets"])
     assert "Targets" in proc.stdout and "% ideal" in proc.stdout and "4. Loops" in proc.stdout
+    assert "5. Agents" in proc.stdout
     assert not list((tmp_path / "var").glob("bench-*"))  # its databases were removed
 
 
