@@ -15,6 +15,7 @@ from django.db.utils import OperationalError
 
 from demo import world
 from runtime.approvals.decisions import approve, resolve
+from runtime.audit.chain import verify
 from runtime.models import Approval, Run, Worker
 from runtime.selectors.approvals import pending
 from tests.procs import ROOT
@@ -70,6 +71,32 @@ def test_the_demo_fills_the_queue_with_real_approvals_of_both_kinds(tmp_path, de
         approved = Approval.objects.filter(step__idempotency_key=key, status="consumed",
                                            kind="interrupted_side_effect").count()
         assert sent <= 1 + approved, key
+
+
+@pytest.mark.slow
+def test_the_demo_runs_the_refund_desk_as_a_pydantic_ai_agent(tmp_path, demo_db):
+    """``--agent pydantic-ai``: the same desk under chaos, its crashes settled by the same
+    contract; after the decisions every run has refunded once."""
+    first = demo(tmp_path, "--agent", "pydantic-ai", "--runs", "8", "--chaos", "0.8",
+                 "--seed", "5")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert set(Run.objects.values_list("agent", flat=True)) == {"refund-desk-pai"}
+    assert "was killed (SIGKILL); restarting it" in first.stdout
+    waiting = list(pending())
+    assert waiting, first.stdout  # refunds above the limit ask first; crashes ask after
+    for approval in waiting:
+        approve(approval.pk, "operator", "checked: run it")
+    second = demo(tmp_path, "--agent", "pydantic-ai", "--runs", "0", "--chaos", "0")
+    assert second.returncode == 0, second.stdout + second.stderr
+    while pending().exists():  # an approved re-run may stop at the next large refund's gate
+        for approval in pending():
+            approve(approval.pk, "operator", "checked: run it")
+        again = demo(tmp_path, "--agent", "pydantic-ai", "--runs", "0", "--chaos", "0")
+        assert again.returncode == 0, again.stdout + again.stderr
+    assert set(Run.objects.values_list("status", flat=True)) == {"succeeded"}
+    refunds = world.ledger()["refunds"]
+    assert len(refunds) == Run.objects.count()  # the provider honours idempotency keys
+    assert all(verify(pk).ok for pk in Run.objects.values_list("pk", flat=True))
 
 
 def test_bad_options_are_refused_before_anything_is_written(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ from django.db.models import Count
 
 from demo import world
 from runtime import conf
+from runtime.agents.agent import registry
 from runtime.host.files import private_dir, private_file
 from runtime.host.pids import die_with_parent
 from runtime.loop.control import start
@@ -55,6 +56,8 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--llm", choices=["scripted", "openai"], default="scripted")
+        parser.add_argument("--agent", choices=["native", "pydantic-ai"], default="native",
+                            help="the refund desk written for the runtime, or with Pydantic AI")
         parser.add_argument("--no-server", action="store_true", help="workers only, no console")
         parser.add_argument("--until-quiet", action="store_true",
                             help="exit once no run is queued or running (for scripts and tests)")
@@ -124,11 +127,22 @@ class Command(BaseCommand):
 
     def queue(self, runs: int) -> None:
         orders = world.order_ids()
-        for _ in range(runs):
-            start("refund-desk", {"order_id": self.rng.choice(orders),
-                                  "reason": self.rng.choice(REASONS)}, created_by="demo")
+        name, agents = self.desk()
+        with registry.override(*agents):
+            for _ in range(runs):
+                start(name, {"order_id": self.rng.choice(orders),
+                             "reason": self.rng.choice(REASONS)}, created_by="demo")
         if runs:
             self.stdout.write(f"queued {runs} refund runs")
+
+    def desk(self) -> tuple[str, list[Any]]:
+        """The refund desk's agent name, and the agents to register for it here."""
+        if self.opts["agent"] == "native":
+            return "refund-desk", []
+        os.environ["RUNTIME_DEMO_LLM"] = self.opts["llm"]  # read as the agent is made
+        from demo.pydantic_agent import AGENTS, NAME  # Pydantic AI loads where used
+
+        return NAME, AGENTS
 
     # -- children ---------------------------------------------------------------------------------
 
@@ -155,6 +169,10 @@ class Command(BaseCommand):
         env = {"RUNTIME_NOTIFY_WEBHOOK": f"{site}/demo/notifications/hook/",  # the ops chat
                "RUNTIME_APPROVAL_URL": f"{site}/approvals/{{id}}/", **os.environ,
                "PYTHONUNBUFFERED": "1", "RUNTIME_DEMO": "1", "RUNTIME_DEMO_LLM": self.opts["llm"]}
+        if self.opts["agent"] == "pydantic-ai":  # the console and the workers know it too
+            env["RUNTIME_AGENTS"] = ",".join(
+                p for p in (os.environ.get("RUNTIME_AGENTS", ""), "demo.pydantic_agent.AGENTS")
+                if p)
         env.pop("RUNTIME_CRASH_POINTS", None)
         arms = self.arms() if arm else []
         if arms:
