@@ -1,4 +1,5 @@
-"""A real MCP server for tests, over stdio (``python tests/mcp_server.py``): tools with honest,
+"""A real MCP server for tests, over stdio (``python tests/mcp_server.py``) or streamable HTTP
+(``--http PORT``, on 127.0.0.1): tools with honest,
 missing and false annotations, each call written to ``ledger.jsonl`` in ``RUNTIME_TEST_DIR``
 (the outside world's record). ``charge_then_die`` takes effect, then the process exits before
 it answers, as a server killed mid-call would."""
@@ -65,4 +66,7 @@ def count_then_die(n: int) -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":  # streamable HTTP on loopback
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

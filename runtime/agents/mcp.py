@@ -23,6 +23,7 @@ from typing import Any
 
 import mcp_types
 from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
 
 from runtime.agents.aio import run_awaitable
 from runtime.agents.pydanticai import SOURCE_CONFIGURED
@@ -30,7 +31,9 @@ from runtime.agents.tools import Tool, ToolContext, ToolSpec
 from runtime.effects import Effect
 from runtime.errors import CallOutcomeUnknown, InvalidArguments, MCPServerDown, MCPToolError
 
-MAX_RESULT_CHARS = 1_000_000  # what one call's text content may add up to
+MAX_RESULT_CHARS = 1_000_000  # what one call's text content may add up to (more is cut)
+# JSON-RPC errors by which a server refuses a request without running it.
+REFUSALS = frozenset({-32700, -32600, -32601, -32602})
 
 
 class MCPServer:
@@ -94,22 +97,33 @@ class MCPServer:
             self._listed = list(listed.tools)
         return self._listed
 
-    async def acall(self, tool: str, arguments: dict[str, Any]) -> Any:
+    async def acall(self, tool: str, arguments: dict[str, Any],
+                    ctx: ToolContext | None = None) -> Any:
         """Call ``tool``: its structured content, else its text. ``MCPServerDown`` if the call
-        was never sent, ``CallOutcomeUnknown`` if the server went away after it was."""
+        was never sent; ``MCPToolError`` if the server refused it (invalid arguments, no such
+        tool) or answered that it failed; ``CallOutcomeUnknown`` if the server went away
+        after it was sent, or gave no answer. The call's idempotency key, run, step and
+        attempt go to the server in the request's ``_meta`` (``agent-runtime/idempotency-key``,
+        ...): a server may deduplicate by it."""
         stack = contextlib.AsyncExitStack()
         try:
-            client = await stack.enter_async_context(self._client())
-        except Exception as exc:
+            try:
+                client = await stack.enter_async_context(self._client())
+            except Exception as exc:  # nothing was sent
+                raise MCPServerDown(self.name, f"{type(exc).__name__}: {exc}") from None
+            try:
+                result = await client.call_tool(tool, arguments, meta=call_meta(ctx))
+            except MCPError as exc:
+                if exc.code in REFUSALS:  # the server answered: it did not run the tool
+                    raise MCPToolError(self.name, tool, exc.message) from None
+                raise CallOutcomeUnknown(tool, f"MCP server {self.name} gave no answer "
+                                               f"({exc.message})") from None
+            except Exception as exc:  # sent, and no answer came back
+                raise CallOutcomeUnknown(tool, f"MCP server {self.name} went away during "
+                                               f"the call ({type(exc).__name__}: {exc})"
+                                         ) from None
+        finally:
             await _close_quietly(stack)
-            raise MCPServerDown(self.name, f"{type(exc).__name__}: {exc}") from None
-        try:
-            result = await client.call_tool(tool, arguments)
-        except Exception as exc:
-            await _close_quietly(stack)
-            raise CallOutcomeUnknown(tool, f"MCP server {self.name} went away during the "
-                                           f"call ({type(exc).__name__}: {exc})") from None
-        await _close_quietly(stack)
         return _result(self.name, tool, result)
 
     # -- for agents ---------------------------------------------------------------------------
@@ -150,13 +164,25 @@ class MCPTool(Tool):
         return ToolSpec(self.name, self.description, self.json_schema())
 
     def invoke(self, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
-        return run_awaitable(self.server.acall(self.name, kwargs))
+        return run_awaitable(self.server.acall(self.name, kwargs, ctx))
+
+
+def call_meta(ctx: ToolContext | None) -> Any:
+    """What a call tells the server of itself, in ``_meta`` (None outside a run's call)."""
+    if ctx is None:
+        return None
+    return {"agent-runtime/idempotency-key": ctx.idempotency_key,
+            "agent-runtime/run": ctx.run_id, "agent-runtime/step": ctx.step_index,
+            "agent-runtime/attempt": ctx.attempt}
 
 
 def _result(server: str, tool: str, result: mcp_types.CallToolResult) -> Any:
+    """What the call gave: an error it reported, its structured content, or its text (cut to
+    ``MAX_RESULT_CHARS``: the call happened, so its outcome is kept, shortened)."""
     text = "\n".join(c.text for c in result.content if isinstance(c, mcp_types.TextContent))
     if len(text) > MAX_RESULT_CHARS:
-        raise MCPToolError(server, tool, f"answered more than {MAX_RESULT_CHARS} characters")
+        text = (f"{text[:MAX_RESULT_CHARS]}... [cut: the answer had {len(text)} characters, "
+                f"{MAX_RESULT_CHARS} are kept]")
     if result.is_error:
         raise MCPToolError(server, tool, text)
     if result.structured_content is not None:

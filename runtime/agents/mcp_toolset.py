@@ -11,6 +11,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
+from runtime.agents.pydanticai import call_context
 from runtime.errors import MCPServerDown, MCPToolError
 
 _ANY_ARGUMENTS = SchemaValidator(schema=core_schema.dict_schema())
@@ -27,11 +28,8 @@ class MCPToolset(AbstractToolset[Any]):
         return f"mcp:{self.server.name}"
 
     async def get_tools(self, ctx: Any) -> dict[str, ToolsetTool[Any]]:
-        try:
-            listed = await self.server.alist_tools()
-        except MCPServerDown:
-            return {}  # no tools to offer while it is down; a recorded call still replays
-        tools = {}
+        listed = await self.server.alist_tools()  # down: the run fails, saying so (a run
+        tools = {}  # resumed without the server's tools could not make its recorded calls)
         for tool in listed:
             effect, source = self.server.classify(tool)
             tools[tool.name] = ToolsetTool(
@@ -47,6 +45,6 @@ class MCPToolset(AbstractToolset[Any]):
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any,
                         tool: ToolsetTool[Any]) -> Any:
         try:
-            return await self.server.acall(name, tool_args)
-        except (MCPServerDown, MCPToolError) as exc:  # the agent sees it and may try again
-            raise ModelRetry(str(exc)) from None
+            return await self.server.acall(name, tool_args, call_context())
+        except (MCPServerDown, MCPToolError) as exc:  # nothing ran, or the server said it
+            raise ModelRetry(str(exc)) from None  # failed: the agent sees it, may try again

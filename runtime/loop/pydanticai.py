@@ -67,7 +67,11 @@ def run_pydantic_ai(ex: Execution) -> None:
     if not journal.recover():
         return
     try:
-        output = run_awaitable(journal.run())
+        # (built here, as the run's code: they may read the database or block)
+        deps = agent.deps(ex.run) if agent.deps is not None else None
+        prompt = agent.prompt(ex.run.input)
+        output = run_awaitable(journal.run(prompt, deps))
+        journal.check_all_replayed()
     except BaseException as exc:
         stop = _control(exc)
         if isinstance(stop, _Halt):
@@ -109,26 +113,29 @@ class Journal:
 
     ex: Execution
     agent: PydanticAIAgent
-    responses: list[dict[str, Any]] = field(default_factory=list)
+    responses: dict[int, dict[str, Any]] = field(default_factory=dict)  # request -> response
     requests: int = 0  # model requests made so far in this execution of the agent
-    indexes: dict[str, int] = field(default_factory=dict)  # tool call id -> step index
+    # (model request, tool call id) -> step index: ids are unique within one response only
+    indexes: dict[tuple[int, str], int] = field(default_factory=dict)
+    visited: set[int] = field(default_factory=set)  # steps the agent asked for this time
     started: set[int] = field(default_factory=set)  # started by this execution, not yet run
     approved: dict[int, Approval] = field(default_factory=dict)  # decided, not yet consumed
     # What needs no commit of its own (a model's response, a step's start, a call's result):
     # committed with the next commit, before anything goes out (that commit is gated).
     open: Plan | None = None
+    result_open: bool = False  # it holds a call's outcome (a tool's start is not folded in)
 
     def __post_init__(self) -> None:
         g = run_greenlet()
         self.blocking = g.blocking if g is not None else None
-        self.responses = [
-            payload["response"] for payload in Event.objects.filter(
+        self.responses = {
+            int(payload["request"]): payload["response"] for payload in Event.objects.filter(
                 run_id=self.ex.run.pk, kind="llm.responded").order_by("seq")
-            .values_list("payload", flat=True) if "response" in payload]
+            .values_list("payload", flat=True) if "response" in payload}
 
     def plan(self) -> Plan:
         """The plan to add to: what waits for the next commit, else a new one."""
-        plan, self.open = self.open or self.ex.plan(), None
+        plan, self.open, self.result_open = self.open or self.ex.plan(), None, False
         return plan
 
     def keep(self, plan: Plan) -> None:
@@ -147,7 +154,7 @@ class Journal:
         when the run paused or ended doing so."""
         ex = self.ex
         for step in list(ex.steps):
-            if step.status in _FINISHED or not step.tool:  # (no tool: decided again)
+            if step.status in _FINISHED or _undecided(step):  # (decided again when asked)
                 continue
             approval = (Approval.objects.filter(step_id=step.pk, status=ApprovalStatus.APPROVED)
                         .order_by("-pk").first())
@@ -158,6 +165,8 @@ class Journal:
                     return False
                 self.started.add(step.index)
             elif step.status == StepStatus.WAITING:  # no decision yet: ask the policy again
+                if _asked_for_approval(step):  # (the agent's own requires_approval)
+                    self.agent.needs_approval.add(step.tool)
                 tool = ex.agent.tool_for_step(step) if ex.agent else None
                 assert tool is not None, "a Pydantic AI agent knows every recorded tool"
                 if ex.gate_and_start(ex.plan(), step, tool) is None:
@@ -171,10 +180,8 @@ class Journal:
                 return False
         return True
 
-    async def run(self) -> Any:
+    async def run(self, prompt: str, deps: Any) -> Any:
         agent = self.agent.pydantic_agent
-        deps = self.agent.deps(self.ex.run) if self.agent.deps is not None else None
-        prompt = self.agent.prompt(self.ex.run.input)
         with agent.parallel_tool_call_execution_mode("sequential"):
             result = await agent.run(prompt, deps=deps, capabilities=[_Recorder(self)])
         return result.output
@@ -189,8 +196,8 @@ class Journal:
                             handler: Callable[[Any], Awaitable[ModelResponse]]) -> ModelResponse:
         self.requests += 1
         number = self.requests
-        if number <= len(self.responses):
-            return T.validate_python(self.responses[number - 1])
+        if number in self.responses:
+            return T.validate_python(self.responses[number])
         await self.sync(lambda: self._requesting(number))
         try:
             response = await handler(request_context)
@@ -250,7 +257,7 @@ class Journal:
             ex.commit(plan)
             raise _Halt
         self.keep(plan)  # durable with the call it asks for, or the run's end
-        self.responses.append(recorded)
+        self.responses[number] = recorded
 
     # -- tool calls ---------------------------------------------------------------------------
 
@@ -288,9 +295,11 @@ class Journal:
     def _index_for(self, call: Any) -> int:
         """The step of a tool call: each call the agent makes takes the next index, the first
         time it is seen (the same order on every execution of a deterministic agent)."""
-        index = self.indexes.get(call.tool_call_id)
+        key = (self.requests, call.tool_call_id)  # the calls of the latest response
+        index = self.indexes.get(key)
         if index is None:
-            index = self.indexes[call.tool_call_id] = len(self.indexes) + 1
+            index = self.indexes[key] = len(self.indexes) + 1
+        self.visited.add(index)
         return index
 
     def _recorded(self, index: int, call: Any) -> Step | None:
@@ -307,10 +316,12 @@ class Journal:
         """Start the call's step: a new one through policy, an approved one by consuming its
         approval, one restarted by recovery as it is. Halts when the run pauses or ends."""
         ex = self.ex
-        if step is None or not step.tool:
+        if step is None or _undecided(step):
             started = self._decide(index, call, tool_def, step)
-        elif index in self.started:
-            self.started.discard(index)
+        elif index in self.started:  # started ahead (recovery, a batch of approvals): what
+            self.started.discard(index)  # came before is made durable, the lease checked
+            self.flush()
+            ex.check_lease()
             started = step
         elif index in self.approved:
             self.flush()
@@ -335,6 +346,8 @@ class Journal:
         pause writes the step first) is decided again. Returns the started step, or None when
         the run paused or ended."""
         ex = self.ex
+        if self.result_open:  # a call's outcome is its own commit before another call starts
+            self.flush()
         self._stop_if_asked()
         limit = self.agent.budget.max_steps
         if index > limit:
@@ -354,9 +367,11 @@ class Journal:
             plan.step_insert(step)
             ex.steps.append(step)
         tool, source = self._tool(call, tool_def)
-        plan.event("step.decided", {"tool": call.tool_name, "arguments": arguments,
-                                    "effect": tool.effect, "effect_source": source,
-                                    "idempotency_key": step.idempotency_key}, index)
+        decided = plan.event("step.decided", {
+            "tool": call.tool_name, "arguments": arguments, "effect": tool.effect,
+            "effect_source": source, "idempotency_key": step.idempotency_key}, index)
+        if call.tool_name in self.agent.needs_approval:
+            decided["requires_approval"] = True
         plan.step_update(step, status=StepStatus.DECIDING, tool=call.tool_name,
                          arguments=arguments, effect=tool.effect)
         plan.crash_after(CrashPoint.AFTER_STEP_DECIDED, index)
@@ -385,6 +400,7 @@ class Journal:
             told = payload["retry"] = PARTS.dump_python(retry.tool_retry, mode="json")
             plan.step_update(step, result=told)
         self.keep(plan)  # durable with the next request, or the run's end
+        self.result_open = True
 
     # -- approvals the agent asks for (``requires_approval``) ---------------------------------
 
@@ -395,7 +411,7 @@ class Journal:
         for call in requests.approvals:
             index = self._index_for(call)
             step = self._recorded(index, call)
-            if step is None or not step.tool or not (
+            if step is None or _undecided(step) or not (
                     step.status in _FINISHED or index in self.started or index in self.approved):
                 tool_def = ctx.tool_manager.get_tool_def(call.tool_name) if ctx.tool_manager \
                     else None
@@ -407,7 +423,7 @@ class Journal:
         """Put a call the agent wants approved before a person (the policy may allow it ahead
         of time with a standing authorization, or deny it)."""
         self.agent.needs_approval.add(call.tool_name)
-        if step is None or not step.tool:
+        if step is None or _undecided(step):
             started = self._decide(index, call, tool_def, step)
         else:
             tool = self.agent.tool_for_step(step)
@@ -416,6 +432,15 @@ class Journal:
         if started is None:
             raise _Halt
         self.started.add(index)
+
+    def check_all_replayed(self) -> None:
+        """The agent ended without asking for a recorded call (its tools changed, a server
+        was down): its answer cannot be trusted to account for that call."""
+        missed = [s for s in self.ex.steps if s.index not in self.visited and s.tool]
+        if missed:
+            step = missed[0]
+            raise ReplayDiverged(self.ex.run.pk, step.index, f"{step.tool}({step.arguments})",
+                                 "no such call before its answer")
 
     # -- shared -------------------------------------------------------------------------------
 
@@ -430,6 +455,21 @@ class Journal:
         self.ex.fail(plan, code, message)
         self.ex.commit(plan)
         raise _Halt
+
+
+def _undecided(step: Step) -> bool:
+    """A step whose call never started and waits for no person: its decision was lost (a
+    crash between a step's record and its pause), so it is decided again."""
+    return not step.tool or (step.attempt == 0 and step.status in (
+        StepStatus.DECIDING, StepStatus.INTERRUPTED))
+
+
+def _asked_for_approval(step: Step) -> bool:
+    """Whether the step's call was one the agent itself wants approved."""
+    payload = (Event.objects.filter(run_id=step.run_id, step_index=step.index,
+                                    kind="step.decided")
+               .order_by("-seq").values_list("payload", flat=True).first())
+    return bool((payload or {}).get("requires_approval"))
 
 
 def _replayed(step: Step) -> Any:

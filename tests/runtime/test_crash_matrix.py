@@ -73,7 +73,10 @@ class Cell:
 
 # The Pydantic AI matrix (runtime.testkit.pai_agents): each kind behaves as its native twin.
 PAI_KINDS = ["pai-read", "pai-charge", "pai-send"]
-TWIN = {"pai-read": "read", "pai-charge": "charge", "pai-send": "send"}
+# The MCP matrix (runtime.testkit.mcp_agents): tools of a real MCP server process.
+MCP_KINDS = ["mcp-read", "mcp-charge"]
+TWIN = {"pai-read": "read", "pai-charge": "charge", "pai-send": "send", "mcp-read": "read",
+        "mcp-charge": "charge"}
 # A Pydantic AI run's commit of step 2's result is the 2nd commit naming step 2 (its start and
 # decision, its result with the next model request), the 3rd for a tool that records its
 # dispatch; a native run's also starts step 3, so it is the first naming step 3.
@@ -186,6 +189,18 @@ def test_crash_matrix_of_a_pydantic_ai_agent(database, tmp_path):
                      table_path(database.engine, "pydantic-ai"))
     sent = Counter((c["prompt"], c["request"]) for c in kit.ledger.calls("model"))
     assert sent and max(sent.values()) == 1, [k for k, n in sent.items() if n > 1]
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_crash_matrix_of_mcp_tools(database, tmp_path):
+    """The same matrix for an agent whose tools are a real MCP server's (a process started
+    over stdio for each call): the server's own ledger counts the calls, from the run, step
+    and attempt each request carried in its ``_meta``."""
+    kit = run_matrix(database, tmp_path, MCP_KINDS, "runtime.testkit.mcp_agents.AGENTS",
+                     table_path(database.engine, "mcp"))
+    keys = {c["key"] for c in kit.ledger.calls("charge")}
+    assert keys and all(k for k in keys)  # every call carried its idempotency key
 
 
 def run_matrix(database, tmp_path, kinds: list[str], agents: str, table: Path) -> ProcessKit:

@@ -6,6 +6,10 @@ dies mid-call leaves an interrupted call (read-only: made again; side effect: a 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -24,6 +28,7 @@ from runtime.models import Step
 from runtime.selectors.approvals import pending
 from tests.kit import Ledger, events
 from tests.procs import ROOT
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -135,3 +140,51 @@ def test_a_pydantic_ai_agent_uses_an_mcp_toolset_under_the_contract(database, cl
         run = resume(run.pk, clock=clock)
     assert run.status == "succeeded", run.failure_message
     assert Ledger(tmp_path / "ledger.jsonl").count("wipe_orders") == 1
+
+
+def test_a_server_over_streamable_http_and_the_same_server_gone(database, clock, tmp_path):
+    """The same tools over streamable HTTP (a server process on 127.0.0.1, ended by its pid):
+    a call reaches it with the run's idempotency key; once it is gone, the next call is a
+    failure the agent sees ("down"), since nothing was sent."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--http",
+                             str(port)], env={**os.environ, "RUNTIME_TEST_DIR": str(tmp_path)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: port_open(port), timeout=30, what="the MCP server's port")
+        server = MCPServer("orders", url=f"http://127.0.0.1:{port}/mcp", trusted=True)
+        tools = server.tools()
+        assert {t.name: t.effect for t in tools}["find_order"] == "read_only"
+        script = [ToolCall("find_order", {"order": "A1"}), ToolCall("find_order", {"order": "B2"}),
+                  FinalAnswer("done")]
+        gate = {"first": True}
+
+        def after_first(transcript):  # the server goes away between the two calls
+            if transcript.entries and gate.pop("first", False):
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            return ScriptedLLM(script).complete(transcript, []).decisions[0]
+
+        with registry.override(Agent("mcp-http", ScriptedLLM(after_first), tools)):
+            run = resume(start("mcp-http", {}, clock=clock).pk, clock=clock)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert run.status == "succeeded", run.failure_message
+    first, second = Step.objects.filter(run=run).order_by("index")[:2]
+    assert first.status == "succeeded" and second.status == "failed"
+    assert "MCP server orders is down" in second.error
+    (call,) = Ledger(tmp_path / "ledger.jsonl").calls("find_order")
+    assert call["order"] == "A1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic_ai.models.function import FunctionModel
 
 from runtime import resume, start
 from runtime.agents.agent import registry
@@ -243,3 +244,43 @@ def test_a_pydantic_ai_run_is_held_to_its_budget(database, clock, tmp_path, monk
         run = resume(start("pai-refunds", "refund A-17", clock=clock).pk, clock=clock)
     assert (run.status, run.failure_code) == ("failed", "budget_exceeded")
     assert pai_agents.ledger().count("send_note") == 0
+
+
+def test_a_crash_between_a_calls_record_and_its_pause_asks_again(database, clock, crash,
+                                                                 tmp_path, monkeypatch):
+    """A read-only call the agent wants approved: the process dies after the step's record,
+    before its approval is written. The next owner decides the call again: it still waits
+    for a person, and nothing ran."""
+    monkeypatch.setattr(pai_agents, "DIR", tmp_path)
+    with registry.override(pai_agents.build_gated(effects={"wire_money": "read_only"})):
+        run = crash_then_take_over(start("pai-gated", "wire it", clock=clock).pk, clock,
+                                   crash, CrashPoint.AFTER_STEP_DECIDED, 1)
+    assert run.status == "waiting"
+    (held,) = pending().filter(run_id=run.pk)
+    assert (held.kind, held.tool) == ("policy", "wire_money")
+    assert pai_agents.ledger().count("wire_money") == 0
+    assert verify(run.pk).ok
+
+
+def test_tool_call_ids_reused_across_responses_are_told_apart(database, clock, crash, tmp_path,
+                                                               monkeypatch):
+    """Some providers number calls per response (``call_0`` in each): a resumed run still
+    gives each recorded call its own result."""
+    monkeypatch.setattr(pai_agents, "DIR", tmp_path)
+    desk = pai_agents.build(name="pai-reused")
+
+    def reuse(messages, info):
+        response = pai_agents.refund_desk_model(messages, info)
+        for n, part in enumerate(p for p in response.parts if hasattr(p, "tool_call_id")):
+            part.tool_call_id = f"call_{n}"
+        return response
+
+    with registry.override(desk), desk.pydantic_agent.override(model=FunctionModel(reuse)):
+        run = crash_then_take_over(start("pai-reused", "refund A-17", clock=clock).pk, clock,
+                                   crash, CrashPoint.AFTER_TOOL_FINISHED, 2)
+    assert run.status == "succeeded", run.failure_message
+    assert [s.tool for s in Step.objects.filter(run=run).order_by("index")] == [
+        "lookup_order", "refund", "send_note"]
+    ledger = pai_agents.ledger()
+    assert (ledger.count("lookup_order"), ledger.count("refund"),
+            ledger.count("send_note")) == (1, 1, 1)
