@@ -16,7 +16,7 @@ from runtime.approvals.decisions import approve, reject, resolve
 from runtime.audit.chain import verify
 from runtime.crashpoints import CrashPoint
 from runtime.errors import SimulatedCrash
-from runtime.models import Step
+from runtime.models import Approval, Run, Step
 from runtime.selectors.approvals import pending
 from tests import pai_agents
 from tests.kit import crash_then_take_over, events, events_of
@@ -284,3 +284,38 @@ def test_tool_call_ids_reused_across_responses_are_told_apart(database, clock, c
     ledger = pai_agents.ledger()
     assert (ledger.count("lookup_order"), ledger.count("refund"),
             ledger.count("send_note")) == (1, 1, 1)
+
+
+def test_the_in_process_kit_crashes_a_pydantic_ai_agent_and_checks_the_invariants(
+        database, tmp_path, monkeypatch):
+    """``InProcessKit`` with the matrix's Pydantic AI agents: a crash at every point around the
+    step-2 call, the operator running each held call once more, every invariant checked
+    against the outside world's ledger."""
+    from runtime.testkit import APPROVE, Crash, InProcessKit
+    from runtime.testkit import pai_agents as kit_agents
+    from runtime.testkit.ledger import Ledger
+
+    monkeypatch.setenv("RUNTIME_TEST_DIR", str(tmp_path))
+    points = [CrashPoint.AFTER_STEP_STARTED, CrashPoint.AFTER_STEP_DECIDED,
+              CrashPoint.AFTER_TOOL_STARTED, CrashPoint.AFTER_TOOL_EFFECT,
+              CrashPoint.AFTER_TOOL_FINISHED, CrashPoint.DURING_LLM_REQUEST]
+    with registry.override(*kit_agents.AGENTS):
+        kit = InProcessKit(Ledger(tmp_path / "ledger.jsonl"))
+        runs = {(kind, point): kit.start(kind, {"point": str(point)})
+                for kind in kit_agents.KINDS for point in points}
+        for (_kind, point), run_id in runs.items():
+            kit.crash(run_id, Crash(point, step_index=2))
+        kit.expire()
+        kit.drain()
+        for approval in Approval.objects.filter(status="pending"):
+            kit.decide(approval.pk, APPROVE)
+        finished = kit.drain()
+        kit.check()
+    assert {r.status for r in finished} <= {"succeeded"}
+    assert set(Run.objects.values_list("status", flat=True)) == {"succeeded"}
+    executions = kit.ledger.executions()
+    for (kind, point), run_id in runs.items():
+        # Once, except where the call took effect and its outcome was lost: a read is made
+        # again; a side effect ran again only because a person allowed it.
+        expected = 2 if point == CrashPoint.AFTER_TOOL_EFFECT else 1
+        assert executions[(run_id, 2)] == expected, (kind, point)
