@@ -173,15 +173,25 @@ def why_rerun(run_id: int) -> str:
         last.payload.get("authorized_by", ""), "read-only")
 
 
-@pytest.mark.slow
-@pytest.mark.engines
+# The matrices kill and start hundreds of processes: one after another on one test worker,
+# each given the time that takes on a busy 2-CPU machine.
+MATRIX = [pytest.mark.slow, pytest.mark.engines, pytest.mark.xdist_group("crash-matrix"),
+          pytest.mark.timeout(900)]
+
+
+def matrix(test):  # a decorator for the three matrices
+    for mark in reversed(MATRIX):
+        test = mark(test)
+    return test
+
+
+@matrix
 def test_crash_matrix(database, tmp_path):
     run_matrix(database, tmp_path, KINDS, "runtime.testkit.agents.AGENTS",
                table_path(database.engine))
 
 
-@pytest.mark.slow
-@pytest.mark.engines
+@matrix
 def test_crash_matrix_of_a_pydantic_ai_agent(database, tmp_path):
     """The same matrix for a Pydantic AI agent: each kind ends as its native twin does, and
     the model, which counts the requests it is sent, is never sent a recorded one again."""
@@ -191,8 +201,7 @@ def test_crash_matrix_of_a_pydantic_ai_agent(database, tmp_path):
     assert sent and max(sent.values()) == 1, [k for k, n in sent.items() if n > 1]
 
 
-@pytest.mark.slow
-@pytest.mark.engines
+@matrix
 def test_crash_matrix_of_mcp_tools(database, tmp_path):
     """The same matrix for an agent whose tools are a real MCP server's (a process started
     over stdio for each call): the server's own ledger counts the calls, from the run, step
