@@ -337,3 +337,24 @@ def test_one_worker_holds_256_runs_in_flight_at_once(database, tmp_path, spawn):
     assert sorted(c["run"] for c in _ledger(tmp_path).calls("slow_read")) == sorted(
         r.pk for r in runs)
     assert "Traceback" not in worker.output()
+
+
+def test_a_worker_started_while_its_database_is_down_waits_for_it(tmp_path):
+    """A worker that starts while the server is away (a restart) asks again instead of dying:
+    here it is pointed at a PostgreSQL port nobody listens on, and is still alive (waiting,
+    saying why) until the test ends it by its pid."""
+    import socket
+
+    from tests.procs import SpawnedWorker
+    from tests.waiting import wait_until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = SpawnedWorker(f"postgres://root@127.0.0.1:{port}/nowhere", tmp_path, "--burst")
+    try:
+        wait_until(lambda: worker.output().count("the database cannot be reached") >= 2,
+                   "the worker to ask again", timeout=60)
+        assert worker.proc.poll() is None
+    finally:
+        worker.kill()

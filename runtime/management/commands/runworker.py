@@ -6,7 +6,8 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
@@ -18,7 +19,10 @@ from runtime.backups.pending import restore_pending
 from runtime.errors import AuditKeyError, CheckpointRefused, DatabaseBehind, UnknownAgent
 from runtime.host.cpu import parse_cpu
 from runtime.metrics import serve_process_metrics
+from runtime.storage.faults import DATABASE_FAULTS, pause_after_fault
 from runtime.worker.process import WorkerProcess
+
+T = TypeVar("T")
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 # One line per recorded event repeats the audit log on stdout and cost a quarter of a busy
@@ -58,6 +62,19 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-addr", default="127.0.0.1",
                             help="the address --metrics-port binds (default 127.0.0.1)")
 
+    def until_reachable(self, check: Callable[[], T]) -> T:
+        """``check()``, asked again while the database cannot be reached: a worker started
+        while its server restarts waits for it, as a running one does."""
+        delay = 0.5
+        while True:
+            try:
+                return check()
+            except DATABASE_FAULTS as exc:
+                self.stderr.write(f"the database cannot be reached ({type(exc).__name__}: "
+                                  f"{exc}); asking again")
+                pause_after_fault(delay)
+                delay = min(delay * 2, 5.0)
+
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
@@ -76,11 +93,11 @@ class Command(BaseCommand):
         logging.getLogger("runtime.events").setLevel(
             EVENT_LEVELS.get(opts["verbosity"], logging.INFO))
         try:  # a database restored and not fenced could repeat side effects
-            if restore_pending():
+            if self.until_reachable(restore_pending):
                 raise CommandError("a restore of this database did not finish: its unfinished "
                                    "runs are not held yet. Run `manage.py restore "
                                    "--acknowledge` (or the restore again), then start workers")
-            database_behind_check()
+            self.until_reachable(database_behind_check)
         except AuditKeyError as exc:
             raise CommandError(f"RUNTIME_CHECKPOINT_DIR is set, so the newest checkpoint "
                                f"must be read: {exc}") from None
