@@ -57,6 +57,25 @@ def approval_decide(approval_id: int, decision: Decision | str, by: str, note: s
     decide through here). Refused with the typed error ``rules.decision_refusal`` names, or
     ``InvalidDecision`` for a bad input (no name, a rejection without a note, a result that
     cannot be stored), changing nothing; ``ApprovalConflict`` if someone decided first."""
+    decision, note, result = decision_inputs(approval_id, decision, by, note, result)
+    now = now or SYSTEM_CLOCK.now()
+    approval = approval_load(approval_id)
+    plan = decision_plan(approval, decision, by, note, result, now)
+    try:
+        committed = engine().commit(plan, SYSTEM_CLOCK)
+    except Refused:
+        raise decision_lost(approval, now) from None
+    log_events(committed.rows)
+    if plan.run.get("status") == RunStatus.QUEUED:
+        notify_ready()
+    approval.refresh_from_db()
+    return approval
+
+
+def decision_inputs(approval_id: int, decision: Decision | str, by: str, note: str,
+                    result: Any) -> tuple[Decision, str, Any]:
+    """The decision, note and result checked as inputs (before any row is read):
+    ``InvalidDecision`` names what is wrong."""
     try:
         decision = Decision(decision)
     except ValueError:
@@ -73,18 +92,29 @@ def approval_decide(approval_id: int, decision: Decision | str, by: str, note: s
         result = None
     if not by:
         raise InvalidDecision(approval_id, "a decision needs the name of who made it")
-    now = now or SYSTEM_CLOCK.now()
+    return decision, note, result
+
+
+def approval_load(approval_id: int) -> Approval:
+    """The approval with its run and step, or ``InvalidDecision`` ("no such approval")."""
     try:
-        approval = Approval.objects.select_related("run", "step").get(pk=approval_id)
+        return Approval.objects.select_related("run", "step").get(pk=approval_id)
     except (Approval.DoesNotExist, ValueError, TypeError):
         raise InvalidDecision(approval_id, "no such approval") from None
+
+
+def decision_plan(approval: Approval, decision: Decision, by: str, note: str, result: Any,
+                  now: datetime) -> Plan:
+    """The one commit ``decision`` is: the approval's compare-and-set from ``pending``, the
+    run's fence while it waits, and the run's events. Raises the refusal the rules name
+    (nothing is built for a decision that may not be made)."""
     refusal = decision_refusal(approval, decision, by, now)
     if refusal is not None:
         raise refusal
     step, run = approval.step, approval.run
     # The step moved on from the request this approval holds (a concurrent change): stale.
     if approval.digest != request_digest(step.tool, step.arguments, step.effect):
-        raise ApprovalConflict(approval_id, "stale: the step's request no longer matches "
+        raise ApprovalConflict(approval.pk, "stale: the step's request no longer matches "
                                "the request this approval was for", status=approval.status,
                                reason_code="stale")
     status = DECIDED_STATUS[decision]
@@ -93,21 +123,19 @@ def approval_decide(approval_id: int, decision: Decision | str, by: str, note: s
     plan.approval_move(approval.pk, ApprovalStatus.PENDING, open_at=now, status=status,
                        decided_by=by, decided_at=now, note=note, result=result)
     _effects(plan, approval, status, by, note, result)
-    try:
-        committed = engine().commit(plan, SYSTEM_CLOCK)
-    except Refused:
-        approval.refresh_from_db()
-        if approval.status != ApprovalStatus.PENDING:
-            raise already_decided(approval) from None
-        if approval_past_deadline(approval, now):
-            raise too_late(approval) from None
-        raise ApprovalConflict(approval_id, "the run changed while deciding; try again",
-                               status=approval.status, reason_code="retry") from None
-    log_events(committed.rows)
-    if plan.run.get("status") == RunStatus.QUEUED:
-        notify_ready()
+    return plan
+
+
+def decision_lost(approval: Approval, now: datetime) -> ApprovalConflict:
+    """Why a decision's commit was refused, read afresh: someone (or the deadline) decided
+    first, or the run moved while deciding."""
     approval.refresh_from_db()
-    return approval
+    if approval.status != ApprovalStatus.PENDING:
+        return already_decided(approval)
+    if approval_past_deadline(approval, now):
+        return too_late(approval)
+    return ApprovalConflict(approval.pk, "the run changed while deciding; try again",
+                            status=approval.status, reason_code="retry")
 
 
 def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,

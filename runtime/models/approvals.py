@@ -54,6 +54,15 @@ class Approval(models.Model):
     consumed_at = models.DateTimeField(null=True, blank=True)
     # Past this with no decision the approval ends ``expired`` and its run fails.
     expires_at = models.DateTimeField(null=True, blank=True)
+    # A warning before the deadline and an escalation when nobody decided by then were
+    # enqueued at these times (each once: a compare-and-set from null).
+    warned_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    # A policy approval allowed with edited arguments: the request that ran (``arguments`` and
+    # ``digest`` stay what the agent proposed) and who edited it.
+    effective_arguments = models.JSONField(null=True, blank=True)
+    effective_digest = models.CharField(max_length=64, blank=True)
+    edited_by = models.CharField(max_length=150, blank=True)
 
     class Meta:
         constraints = [

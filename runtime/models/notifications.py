@@ -37,6 +37,9 @@ class Notification(models.Model):
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # What the receiver answered that later messages need (a Slack message's channel and ts,
+    # so the message can be updated with the outcome).
+    reply = models.JSONField(default=dict, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="notification_due")]
