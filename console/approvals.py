@@ -5,6 +5,7 @@ Decisions go through ``runtime.approvals`` only; this module never writes a runt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -17,7 +18,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from console import wording
-from console.forms import DECISION_FORMS, DecisionForm
+from console.forms import DECISION_FORMS, DecisionForm, EditForm
 from console.permissions import DECIDE as DECIDE_PERMISSION
 from console.permissions import viewing
 from console.render import HtmxHttpRequest, no_change, page, unchanged
@@ -26,7 +27,7 @@ from console.wording import kind_word
 from runtime import selectors
 from runtime.approvals.decisions import approval_decide
 from runtime.approvals.rules import Decision, approval_resolvable, four_eyes_blocks
-from runtime.errors import ApprovalConflict, FourEyesViolation, InvalidDecision
+from runtime.errors import ApprovalConflict, FourEyesViolation, InvalidDecision, InvalidEdit
 from runtime.models import Approval, ApprovalKind, ApprovalStatus
 
 QUEUE_LIMIT = 200
@@ -39,9 +40,25 @@ def queue(request: HttpRequest) -> HttpResponse:
     """Pending approvals, oldest first, or those with a deadline first (``?sort=expiring``).
     Its poll sends the version it shows (``?seen=``) and gets a 204 while nothing was added
     or decided."""
-    kind = request.GET.get("kind", "")
-    agent = request.GET.get("agent", "").strip()[:200]
-    sort = request.GET.get("sort", "")
+    kind, agent, sort, error = queue_filters(request.GET)
+    if error:
+        return page(request, "console/queue.html", {
+            **_queue_filters(kind=kind, agent=agent, sort=sort), "items": [],
+            "filter_error": error}, partial="queue-list", status=400)
+    version = selectors.approval_queue_version(kind or None, agent or None)
+    if unchanged(request, version):
+        return no_change()
+    return page(request, "console/queue.html",
+                queue_context(request, kind=kind, agent=agent, sort=sort, version=version),
+                partial="queue-list")
+
+
+def queue_filters(params: Any) -> tuple[str, str, str, str]:
+    """The queue's kind, agent and order from ``params`` (a query or a form), and what is
+    wrong with them ("" when nothing): an unknown one is never a silent "everything"."""
+    kind = str(params.get("kind", ""))
+    agent = str(params.get("agent", "")).strip()[:200]
+    sort = str(params.get("sort", ""))
     error = ""
     if kind not in ("", *ApprovalKind.values):
         error = (f"There is no kind {kind[:40]!r}: choose one of "
@@ -51,26 +68,50 @@ def queue(request: HttpRequest) -> HttpResponse:
         error = (f"There is no order {sort[:40]!r}: leave sort out for the oldest first, or "
                  f"choose sort=expiring for those with a deadline first, soonest first.")
         sort = ""
-    if error:
-        return page(request, "console/queue.html", {
-            **_queue_filters(kind=kind, agent=agent, sort=sort), "items": [],
-            "filter_error": error}, partial="queue-list", status=400)
-    version = selectors.approval_queue_version(kind or None, agent or None)
-    if unchanged(request, version):
-        return no_change()
+    return kind, agent, sort, error
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One row of the queue: the approval, whether this person may tick it for a batch,
+    whether four-eyes bars them from allowing it, how close its deadline is, and its effect
+    in words."""
+
+    approval: Approval
+    batchable: bool
+    four_eyes: bool
+    urgency: str
+    effect: str
+
+
+def queue_context(request: HttpRequest, *, kind: str, agent: str, sort: str,
+                  version: str | None = None) -> dict[str, Any]:
+    """What the queue's list shows (its rows with their batch boxes and action bar)."""
+    if version is None:
+        version = selectors.approval_queue_version(kind or None, agent or None)
     items, more = selectors.approval_queue(kind or None, agent or None, QUEUE_LIMIT, sort)
-    context = {
+    now = timezone.now()
+    by = request.user.get_username()
+    may_decide = request.user.has_perm(DECIDE_PERMISSION)
+    rows = [QueueRow(a, may_decide and selectors.approval_batchable(a, by, now),
+                     selectors.approval_four_eyes_blocked(a, by),
+                     selectors.approval_deadline_urgency(a, now), wording.effect_word(a))
+            for a in items]
+    batch = [r.approval for r in rows if r.batchable]
+    return {
         **_queue_filters(kind=kind, agent=agent, sort=sort),
         "items": items,
+        "rows": rows,
         "more": more,
         "limit": QUEUE_LIMIT,
         "version": version,
+        "can_batch": bool(batch),
+        "batch_words": wording.batch_buttons(batch),
         # One reverse() for the page, not three per row: a full queue is 200 rows.
         "approval_base": reverse("console:approval", args=[0]).removesuffix("0/"),
         "run_base": reverse("console:run", args=[0]).removesuffix("0/"),
-        "now": timezone.now(),
+        "now": now,
     }
-    return page(request, "console/queue.html", context, partial="queue-list")
 
 
 SORT_WORDS = {"": "oldest first", "expiring": "expiring first"}
@@ -115,6 +156,8 @@ def _decide(request: HtmxHttpRequest, approval: Approval) -> HttpResponse:
     if decision == Decision.RESOLVE and not approval_resolvable(approval):
         return HttpResponseBadRequest("Resolve applies to interrupted calls only; a policy "
                                       "approval is allowed or denied.")
+    if decision == Decision.APPROVE and request.POST.get("edit"):
+        return _decide_edited(request, approval)
     form = DECISION_FORMS[decision](request.POST,
                                     confirm_label=wording.choices(approval)[decision].confirm)
     if not form.is_valid():
@@ -136,6 +179,37 @@ def _decide(request: HtmxHttpRequest, approval: Approval) -> HttpResponse:
     return redirect("console:approval", pk=approval.pk, permanent=False)
 
 
+def _decide_edited(request: HtmxHttpRequest, approval: Approval) -> HttpResponse:
+    """Edit, then allow: the arguments from the form built from the tool's schema. What the
+    runtime refuses of them (its schema's verdict) is shown next to each field it names, with
+    a 422; nothing changes."""
+    schema = selectors.approval_edit_schema(approval)
+    if schema is None:
+        return _render(request, approval, status=422, refusal="Not edited: "
+                       f"{selectors.approval_edit_note(approval)}. Nothing was changed.")
+    form = EditForm(request.POST, schema=schema, proposed=approval.arguments)
+    if not form.is_valid():
+        return _render(request, approval, edit_form=form, status=422)
+    try:
+        approval_decide(approval.pk, Decision.APPROVE, request.user.get_username(),
+                        form.cleaned_data.get("note", ""), arguments=form.arguments())
+    except ApprovalConflict as exc:
+        return _render(request, _reload(approval), conflict=exc, status=409)
+    except FourEyesViolation as exc:
+        return _render(request, approval, edit_form=form, refusal=str(exc), status=403)
+    except InvalidEdit as exc:
+        form.refused(exc.reason, exc.fields)
+        return _render(request, approval, edit_form=form, status=422)
+    except InvalidDecision as exc:
+        form.add_error(None, exc.reason)
+        return _render(request, approval, edit_form=form, status=422)
+    if request.htmx:
+        response = _render(request, _reload(approval), just_decided=True)
+        response["HX-Trigger"] = "pending-changed"
+        return response
+    return redirect("console:approval", pk=approval.pk, permanent=False)
+
+
 def _reload(approval: Approval) -> Approval:
     fresh = selectors.approval_for_page(approval.pk)
     if fresh is None:  # pragma: no cover - approvals are never deleted
@@ -148,6 +222,7 @@ def _render(
     approval: Approval,
     *,
     form: DecisionForm | None = None,
+    edit_form: EditForm | None = None,
     conflict: ApprovalConflict | None = None,
     refusal: str = "",
     just_decided: bool = False,
@@ -163,7 +238,14 @@ def _render(
         decisions.append({
             "name": name, "words": words[name],
             "form": bound or DECISION_FORMS[name](confirm_label=words[name].confirm)})
+    if edit_form is None and selectors.approval_editable(approval, user.get_username(), now):
+        schema = selectors.approval_edit_schema(approval)
+        if schema is not None:
+            edit_form = EditForm(schema=schema, proposed=approval.arguments)
     check = getattr(settings, "CONSOLE_CHECK_URL", "")
+    only = getattr(settings, "CONSOLE_CHECK_AGENTS", None)  # agents that have that outside world
+    if only is not None and approval.run.agent not in only:
+        check = ""
     step, run = approval.step, approval.run
     timeline = selectors.steps_tail(run.pk, upto=step.index, limit=TIMELINE_STEPS)
     context: dict[str, Any] = {
@@ -187,7 +269,12 @@ def _render(
         "can_decide": user.has_perm(DECIDE_PERMISSION),
         "four_eyes_blocked": four_eyes_blocks(approval, user.get_username()),
         "decisions": decisions,
-        "open_form": form.decision if form is not None else "",
+        "open_form": ("edit" if edit_form is not None and edit_form.is_bound
+                      else form.decision if form is not None else ""),
+        "edit_form": edit_form if user.has_perm(DECIDE_PERMISSION) else None,
+        "edit_note": selectors.approval_edit_note(approval) if (
+            edit_form is None and selectors.approval_is_policy(approval)) else "",
+        "edit": selectors.approval_edit(approval),
         "conflict": conflict,
         "refusal": refusal,
         "just_decided": just_decided,

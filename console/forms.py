@@ -10,10 +10,10 @@ from django import forms
 from django.db import models
 
 from runtime.approvals.rules import Decision
-from runtime.canonical import check_payload, parse_json
+from runtime.canonical import check_payload, dumps, parse_json
 from runtime.errors import InvalidPayload
 from runtime.models import Schedule
-from runtime.schedules.timing import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS
+from runtime.schedules.timing import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, timing_problems
 
 NOTE_MAX = 2000
 
@@ -88,6 +88,133 @@ DECISION_FORMS: dict[Decision, type[DecisionForm]] = {
 assert set(DECISION_FORMS) == set(Decision), "a form for every decision"
 
 
+ARGUMENT = "arg-"  # the form's name of a tool argument's field: ARGUMENT + its name
+
+
+class EditForm(DecisionForm):
+    """Edit, then allow (a policy approval): one field per top-level property of the tool's
+    argument schema, pre-filled with the proposed values. Each field only shapes its value
+    (text, a number, a box, a choice, JSON); the tool's own schema judges the whole when the
+    runtime is asked (``InvalidEdit``), and ``refused`` puts its answer next to each field."""
+
+    decision = Decision.APPROVE
+    confirm_label = "Yes: run the call once, with these arguments."
+
+    def __init__(self, *args: Any, schema: dict[str, Any], proposed: Any,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("prefix", "edit")
+        super().__init__(*args, **kwargs)
+        proposed = proposed if isinstance(proposed, dict) else {}
+        required = set(schema.get("required") or ())
+        self.kinds: dict[str, tuple[str, str, bool]] = {}  # field -> argument, kind, required
+        fields: dict[str, forms.Field] = {}
+        for name, prop in (schema.get("properties") or {}).items():
+            prop = _resolved(prop, schema)
+            kind = _kind(prop)
+            key = ARGUMENT + name
+            self.kinds[key] = (name, kind, name in required)
+            fields[key] = _argument_field(name, prop, kind, name in required)
+            value = proposed[name] if name in proposed else prop.get("default")
+            if name in proposed or "default" in prop:
+                self.initial[key] = _shown(kind, value)
+                if kind == "json":  # tall enough for what it holds, up to a point
+                    lines = str(self.initial[key]).count("\n") + 1
+                    fields[key].widget.attrs["rows"] = min(max(lines, 2), 12)
+        self.fields = {**fields, "note": self.fields["note"], "confirm": self.fields["confirm"]}
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for key, (name, kind, _required) in self.kinds.items():
+            if kind == "json" and data.get(key):
+                try:
+                    data[key] = json_field(data[key], f"argument {name}")
+                except forms.ValidationError as exc:
+                    self.add_error(key, exc)
+        return data
+
+    def arguments(self) -> dict[str, Any]:
+        """The edited arguments as JSON (a valid form's); an empty optional field is left out,
+        so the tool's default applies."""
+        out: dict[str, Any] = {}
+        for key, (name, kind, required) in self.kinds.items():
+            value = self.cleaned_data.get(key)
+            if kind == "boolean":
+                out[name] = bool(value)
+            elif value is None or (value == "" and (kind != "string" or not required)):
+                continue
+            elif kind == "enum":
+                out[name] = json.loads(value)
+            else:
+                out[name] = value
+        return out
+
+    def refused(self, reason: str, fields: dict[str, str]) -> None:
+        """The runtime's refusal of the edit, each part next to the field it names."""
+        for name, message in fields.items():
+            key = ARGUMENT + name
+            if key in self.fields:
+                self.add_error(key, message[:1].upper() + message[1:] + ".")
+            else:
+                self.add_error(None, f"{name or 'The arguments'}: {message}.")
+        if not fields:
+            self.add_error(None, reason[:1].upper() + reason[1:] + ".")
+
+
+def _resolved(prop: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """A property's schema with a reference to ``$defs`` followed and an optional's ``null``
+    branch dropped (pydantic writes ``int | None`` as ``anyOf``)."""
+    branches = prop.get("anyOf") or prop.get("allOf")
+    if isinstance(branches, list):
+        real = [b for b in branches if b.get("type") != "null"]
+        if len(real) == 1:
+            prop = {**{k: v for k, v in prop.items() if k not in ("anyOf", "allOf")}, **real[0]}
+    ref = prop.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        found = (schema.get("$defs") or {}).get(ref.removeprefix("#/$defs/")) or {}
+        prop = {**found, **{k: v for k, v in prop.items() if k != "$ref"}}
+    return prop
+
+
+def _kind(prop: dict[str, Any]) -> str:
+    if isinstance(prop.get("enum"), list) and prop["enum"]:
+        return "enum"
+    kind = prop.get("type")
+    return kind if kind in ("string", "integer", "number", "boolean") else "json"
+
+
+def _argument_field(name: str, prop: dict[str, Any], kind: str, required: bool) -> forms.Field:
+    """The field for one argument: text, a number, a box, a choice, or JSON in a text box."""
+    help_text = str(prop.get("description") or "")[:300]
+    options: dict[str, Any] = {"label": name, "required": required and kind != "boolean",
+                               "help_text": help_text}
+    if kind == "enum":
+        choices = [(dumps(v), str(v)) for v in prop["enum"]]
+        return forms.ChoiceField(choices=choices if required else [("", "—"), *choices],
+                                 **options)
+    if kind == "integer":
+        return forms.IntegerField(**options)
+    if kind == "number":
+        return forms.FloatField(widget=forms.NumberInput(attrs={"step": "any"}), **options)
+    if kind == "boolean":
+        return forms.BooleanField(**options)
+    if kind == "string":
+        return forms.CharField(strip=False, empty_value="", **options,
+                               widget=forms.TextInput(attrs={"spellcheck": "false",
+                                                             "autocomplete": "off"}))
+    options["help_text"] = help_text or "As JSON."
+    return forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+                           **options)
+
+
+def _shown(kind: str, value: Any) -> Any:
+    """A proposed value as its field shows it."""
+    if kind == "enum":
+        return dumps(value)
+    if kind == "json":
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return value
+
+
 class CancelRunForm(forms.Form):
     reason = forms.CharField(required=False, max_length=NOTE_MAX)
     confirm = forms.BooleanField(required=True, label="Yes: cancel this run.",
@@ -140,6 +267,18 @@ class ScheduleForm(forms.Form):
 
     def clean_input(self) -> Any:
         return json_field(self.cleaned_data["input"], "the input")
+
+    def clean(self) -> dict[str, Any]:
+        """Every problem with when it fires, at once, each next to its field (the runtime's
+        ``timing_problems``: the rules are its own), beside the fields' own errors."""
+        data = super().clean() or {}
+        when = ("cron", "interval_seconds", "timezone")
+        if any(name in self.errors for name in when):
+            return data  # a field that did not parse already says why
+        for problem in timing_problems(data.get("cron", ""), data.get("interval_seconds"),
+                                       data.get("timezone", "")):
+            self.add_error(problem.field, problem.reason[:1].upper() + problem.reason[1:] + ".")
+        return data
 
 
 class ScheduleCreateForm(ScheduleForm):

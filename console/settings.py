@@ -168,6 +168,10 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # default; point it at your payment provider's dashboard, your mail logs, ...
 CONSOLE_CHECK_URL = ENV["CONSOLE_CHECK_URL"] or ("/demo/world/?key={key}" if CONSOLE_DEMO
                                                   else "")
+# The agents whose approvals link there: every agent for a URL you set; for the demo's own
+# outside world, only the demo's refund desks (no other agent calls it).
+CONSOLE_CHECK_AGENTS: tuple[str, ...] | None = (
+    None if ENV["CONSOLE_CHECK_URL"] else ("refund-desk", "refund-desk-pai"))
 
 # How long a dead worker stays on the Workers page's first tab, next to the live ones, counted
 # from its last heartbeat (default one hour); older dead ones are on the second tab
@@ -249,7 +253,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"refusals_on_one_line": {"()": "console.logs.RefusalsOnOneLine"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
+                            "filters": ["refusals_on_one_line"]}},
     "root": {"handlers": ["stderr"], "level": "WARNING"},
     "loggers": {
         "runtime": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},

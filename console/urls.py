@@ -4,12 +4,13 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-from console import api, approvals, metrics, runs, schedules, views, workers
+from console import api, approvals, batch, metrics, runs, schedules, slack, views, workers
 
 console_patterns = [
     path("", approvals.queue, name="queue"),
     path("pending-count/", approvals.pending_count, name="pending-count"),
     path("approvals/<int:pk>/", approvals.approval_detail, name="approval"),
+    path("approvals/decide/", batch.decide_batch, name="decide-batch"),
     path("runs/", runs.run_list, name="runs"),
     path("runs/<int:pk>/", runs.run_detail, name="run"),
     path("workers/", workers.worker_list, name="workers"),
@@ -27,6 +28,7 @@ urlpatterns = [
     path("api/", api.urls()),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),
+    path("slack/interactions", slack.interactions, name="slack-interactions"),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin's, error pages).
     path("favicon.ico", views.favicon),
     # The demo's outside world only where the demo runs (manage.py demo) or in development.

@@ -8,11 +8,12 @@ once more, recorded as having happened, or the run ends. Buttons, confirmations,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from runtime.approvals.rules import Decision
-from runtime.models import Approval, ApprovalKind, ApprovalStatus
+from runtime.models import Approval, ApprovalKind, ApprovalStatus, Effect, Run
 from runtime.selectors import approval_is_policy
 
 # Keyed by the choices, looked up by the stored strings (equal to them).
@@ -75,6 +76,29 @@ def kind_word(kind: str) -> str:
     return KIND_WORDS.get(kind, kind)
 
 
+def effect_word(approval: Approval) -> str:
+    """What the approval's call does, in words: whether it changes the world, and whether it
+    may already have done so (an interrupted call) or has not run (a policy check)."""
+    changes = approval.effect == Effect.SIDE_EFFECT
+    if approval_is_policy(approval):
+        return "changes things outside; not run yet" if changes else "only reads; not run yet"
+    return "changes things outside; may already have happened" if changes else "only reads"
+
+
+def batch_buttons(approvals: list[Approval]) -> dict[str, str]:
+    """The queue's batch buttons in the words of the kinds on offer: "Allow" for policy
+    checks, "Run it once more" for interrupted calls, both when both are listed; ending them
+    is "Deny" or "End the runs"."""
+    policy = any(approval_is_policy(a) for a in approvals)
+    rerun = any(not approval_is_policy(a) for a in approvals)
+    approve = [POLICY_CHOICES[Decision.APPROVE].button] if policy or not rerun else []
+    reject = [POLICY_CHOICES[Decision.REJECT].button] if policy or not rerun else []
+    if rerun:
+        approve.append(RERUN_CHOICES[Decision.APPROVE].button)
+        reject.append("End the runs")
+    return {Decision.APPROVE: " / ".join(approve), Decision.REJECT: " / ".join(reject)}
+
+
 def status_word(approval: Approval, status: str | None = None, *, when: bool = True) -> str:
     """``approval``'s status (or ``status``) in words, with when the call started if it did:
     "allowed, started at 2026-12-03 20:11:08 UTC" rather than "consumed"."""
@@ -84,6 +108,19 @@ def status_word(approval: Approval, status: str | None = None, *, when: bool = T
     if when and status == ApprovalStatus.CONSUMED and approval.consumed_at:
         word += f" at {_utc(approval.consumed_at)}"
     return word
+
+
+def failure_words(run: Run, approvals: Iterable[Approval]) -> str:
+    """Why ``run`` failed. When a person's decision ended it, the approval's own words ("denied
+    by ada: too large" for a policy check, "run ended by ada: …" for an interrupted call),
+    not the stored message's "ada rejected"; otherwise the runtime's message."""
+    if run.failure_code == "rejected":
+        ended = [a for a in approvals if a.status == ApprovalStatus.REJECTED]
+        if ended:
+            last = max(ended, key=lambda a: a.pk)
+            words = f"{status_word(last)} by {last.decided_by or 'the runtime'}"
+            return f"{words}: {last.note}" if last.note else words
+    return run.failure_message
 
 
 def what_happens_next(approval: Approval) -> str:
@@ -116,5 +153,9 @@ def what_happens_next(approval: Approval) -> str:
     return ""
 
 
-def _utc(moment: datetime) -> str:
+def utc(moment: datetime) -> str:
+    """A moment in words, to the second: "2026-12-03 20:11:08 UTC"."""
     return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+_utc = utc

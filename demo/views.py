@@ -78,7 +78,11 @@ def outside_world(request: HttpRequest) -> HttpResponse:
     ledger = world.ledger(key)
     found = origins(r.get("idempotency_key") or "" for rows in ledger.values() for r in rows)
     shown = {name: _shown(rows, found) for name, rows in ledger.items()}
-    response = render(request, "demo/world.html", {"key": key, "ledger": shown})
+    # The step the key was made for (and its approvals: the way back), found even when the
+    # outside world recorded nothing under it.
+    origin = (found.get(key) or origins([key]).get(key)) if key else None
+    response = render(request, "demo/world.html", {"key": key, "ledger": shown,
+                                                   "origin": origin})
     patch_cache_control(response, private=True, no_store=True)
     return response
 

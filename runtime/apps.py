@@ -18,3 +18,9 @@ class RuntimeConfig(AppConfig):
         from runtime.storage.approval_rows import approval_written  # app registry
 
         approval_written.connect(outbox_on_approval_written, dispatch_uid="runtime.outbox")
+        # And into the sweep before a deadline: its warning and escalation, in its transaction.
+        from runtime.approvals.deadlines import approval_deadline_near  # app registry
+        from runtime.notifications.outbox import outbox_on_deadline_near  # app registry
+
+        approval_deadline_near.connect(outbox_on_deadline_near,
+                                       dispatch_uid="runtime.outbox.deadline")

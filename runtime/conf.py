@@ -208,12 +208,27 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RUNTIME_APPROVAL_URL", TEXT, "http://127.0.0.1:8000/approvals/{id}/",
              "Where a notification sends a person to decide; {id} is the approval's id.",
              "runtime", key="APPROVAL_URL"),
+    Variable("RUNTIME_APPROVAL_WARN_BEFORE", number(0, 30 * 86400), 900.0, "How long before "
+             "an approval's deadline the channels told of it are warned, once, if nobody has "
+             "decided (0: no warning).", "runtime", key="APPROVAL_WARN_BEFORE"),
+    Variable("RUNTIME_APPROVAL_ESCALATE_BEFORE", number(0, 30 * 86400), 300.0, "How long "
+             "before an approval's deadline it is escalated, once, to the channels that ask for "
+             "approval.escalated, if nobody has decided (0: no escalation); less than the "
+             "warning's.", "runtime", key="APPROVAL_ESCALATE_BEFORE"),
     Variable("RUNTIME_NOTIFY_WEBHOOK", TEXT, "", "A webhook (http or https URL) told of "
              "every approval requested.", "runtime"),
     Variable("RUNTIME_NOTIFY_SLACK", TEXT, "", "A Slack incoming-webhook URL told of every "
              "approval requested.", "runtime"),
     Variable("RUNTIME_NOTIFY_EMAIL", TEXT, "", "Comma-separated addresses mailed about every "
              "approval requested.", "runtime"),
+    Variable("RUNTIME_SLACK_BOT_TOKEN", TOKEN, "", "The Slack app's bot token (xoxb-...): "
+             "slack_app channels post approvals with it and update them with the outcome.",
+             "runtime", key="SLACK_BOT_TOKEN", secret=True),
+    Variable("RUNTIME_SLACK_SIGNING_SECRET", TOKEN, "", "The Slack app's signing secret: the "
+             "console's /slack/interactions accepts only requests signed with it (unset: it "
+             "answers 404).", "runtime", key="SLACK_SIGNING_SECRET", secret=True),
+    Variable("RUNTIME_SLACK_API_URL", TEXT, "https://slack.com/api", "Slack's Web API.",
+             "runtime", key="SLACK_API_URL"),
     Variable("RUNTIME_RETAIN_NOTIFICATIONS_DAYS", integer(0, 36500, "a number of days",
                                                           low_means="kept for ever"), 0,
              "`manage.py prune` removes notifications delivered or given up this many days "
@@ -363,8 +378,10 @@ def _from_variable(key: str) -> Key:
 KEYS: tuple[Key, ...] = (
     Key("AGENTS", [], "Dotted paths to Agent objects (or lists of them) the runtime may run."),
     *(_from_variable(v.key) for v in VARIABLES if v.key),
-    Key("NOTIFY", [], "Notification channels: {name, kind (webhook, slack, email), target, "
-        "agents, events} each."),
+    Key("NOTIFY", [], "Notification channels: {name, kind (webhook, slack, slack_app, email), "
+        "target, agents, events, group (email: a Django auth group mailed too)} each."),
+    Key("SLACK_USERS", {}, "Who may decide from Slack: Slack user id (U...) to console user "
+        "name; anyone else is refused."),
     Key("NOTIFY_BACKOFF_SECONDS", 5.0, "The first wait before a failed notification is sent "
         "again; it doubles each time, up to an hour."),
     Key("NOTIFY_MAX_ATTEMPTS", 30, "Attempts before a notification is given up as failed."),
@@ -393,4 +410,22 @@ def runtime_problems(runtime: Mapping[str, Any]) -> list[str]:
             variable.kind.parse(str(int(given) if isinstance(given, bool) else given))
         except (ValueError, TypeError):
             out.append(f"RUNTIME[{key!r}] must be {variable.kind.accepted}, not {given!r}")
-    return out
+    return out + [p for p in [deadline_problem(runtime)] if p and not out]
+
+
+def deadline_problem(runtime: Mapping[str, Any]) -> str | None:
+    """Why the warning and escalation points before an approval's deadline do not fit
+    together (the escalation comes after the warning: fewer seconds before the deadline), or
+    None."""
+    warn = runtime.get("APPROVAL_WARN_BEFORE", DEFAULTS["APPROVAL_WARN_BEFORE"])
+    escalate = runtime.get("APPROVAL_ESCALATE_BEFORE", DEFAULTS["APPROVAL_ESCALATE_BEFORE"])
+    for key, given in (("APPROVAL_WARN_BEFORE", warn), ("APPROVAL_ESCALATE_BEFORE", escalate)):
+        if isinstance(given, bool) or not isinstance(given, int | float) or not (
+                0 <= given <= 30 * 86400):
+            accepted = next(v.kind.accepted for v in VARIABLES if v.key == key)
+            return f"RUNTIME[{key!r}] must be {accepted}, not {given!r}"
+    if warn and escalate and escalate >= warn:
+        return (f"RUNTIME['APPROVAL_ESCALATE_BEFORE'] ({escalate:g} s) must be less than "
+                f"RUNTIME['APPROVAL_WARN_BEFORE'] ({warn:g} s): the escalation comes after the "
+                "warning")
+    return None

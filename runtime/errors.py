@@ -107,8 +107,10 @@ class ToolNotRegistered(AgentRuntimeError):
 class InvalidArguments(AgentRuntimeError):
     """Tool arguments (or a run's input) failed validation."""
 
-    def __init__(self, tool: str, errors: str) -> None:
-        self.tool, self.errors = tool, errors
+    def __init__(self, tool: str, errors: str, fields: dict[str, str] | None = None) -> None:
+        # ``fields``: each top-level argument named by an error, and what is wrong with it
+        # ("" for the object as a whole), so a form can show each next to its field.
+        self.tool, self.errors, self.fields = tool, errors, dict(fields or {})
         super().__init__(f"invalid arguments for {tool!r}: {errors}")
 
 
@@ -179,6 +181,16 @@ class InvalidDecision(AgentRuntimeError):
         super().__init__(f"approval {approval_id}: {reason}")
 
 
+class InvalidEdit(InvalidDecision):
+    """Edited arguments of a policy approval were refused (by its tool's schema, or because
+    its request may not be edited); ``fields`` names each argument at fault."""
+
+    def __init__(self, approval_id: int, reason: str,
+                 fields: dict[str, str] | None = None) -> None:
+        self.fields = dict(fields or {})
+        super().__init__(approval_id, reason)
+
+
 class InvariantViolation(AssertionError):
     """The crash test kit found a broken invariant (design §11); the message names the evidence."""
 
@@ -206,6 +218,16 @@ class FourEyesViolation(AgentRuntimeError):
         self.approval_id, self.run_id, self.user = approval_id, run_id, user
         super().__init__(f"approval {approval_id}: {user} started run {run_id}, so someone else "
                          "must approve or resolve its side effect (four-eyes)")
+
+
+class BatchRefused(AgentRuntimeError):
+    """A batch of decisions was refused whole, nothing decided: ``refusals`` maps each refused
+    approval's id to its typed error; none when the batch itself is wrong (``reason``)."""
+
+    def __init__(self, reason: str, refusals: dict[int, AgentRuntimeError] | None = None) -> None:
+        self.reason, self.refusals = reason, dict(refusals or {})
+        named = "; ".join(f"{pk}: {exc}" for pk, exc in sorted(self.refusals.items()))
+        super().__init__(f"{reason} ({named})" if named else reason)
 
 
 class LLMError(AgentRuntimeError):
@@ -301,6 +323,14 @@ class ArchiveRefused(AgentRuntimeError):
     def __init__(self, path: str, reason: str) -> None:
         self.path, self.reason = path, reason
         super().__init__(f"{path}: {reason}" if path else reason)
+
+
+class ExportRefused(AgentRuntimeError):
+    """An audit export was refused before writing anything: ``field`` is the bad input."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}" if field else reason)
 
 
 class InvalidSchedule(AgentRuntimeError):

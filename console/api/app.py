@@ -3,12 +3,15 @@ its error handlers (every error is ``{"code", "message", ...}`` JSON), and its U
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
-from django.urls import URLPattern, URLResolver
+from django.urls import Resolver404, URLPattern, URLResolver, re_path, resolve
+from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
@@ -76,11 +79,54 @@ api.add_exception_handler(RequestDataTooBig, lambda request, exc: _error(
     request, ApiError("invalid", "the request body is larger than allowed")))
 
 
+def _json_not_allowed(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """``view``, with ninja's plain 405 (a method the path does not serve) answered as JSON."""
+
+    @functools.wraps(view)  # keeps csrf_exempt and the other marks on the view
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = view(request, *args, **kwargs)
+        if response.status_code != 405 or response.get("Content-Type", "").startswith(
+                "application/json"):
+            return response
+        allowed = response.get("Allow", "")
+        answer = _error(request, ApiError(
+            "method_not_allowed", f"{request.method} is not served at {request.path}; "
+            f"it serves {allowed or 'no method'}"))
+        answer["Allow"] = allowed
+        return answer
+
+    return wrapped
+
+
+@csrf_exempt
+def _unknown_path(request: HttpRequest, rest: str) -> HttpResponse:
+    """Any other path under /api/: a JSON 404, naming the path meant when only its trailing
+    slash differs (the API's paths are exact; nothing under /api/ is redirected)."""
+    path = request.path
+    other = path[:-1] if path.endswith("/") else path + "/"
+    try:
+        match = resolve(other)
+    except Resolver404:
+        match = None
+    if match is not None and match.func is not _unknown_path and match.namespace == "api":
+        return _error(request, ApiError("not_found", f"no API path {path}; did you mean "
+                                        f"{other}?", url=other))
+    return _error(request, ApiError("not_found", f"no API path {path} (the paths are listed "
+                                    "in /api/openapi.json)"))
+
+
+_unknown_path.login_required = False  # type: ignore[attr-defined]
+
+
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:
     """The API's URL patterns, exempt from the console's login redirect: a token, not a
-    session, authenticates them (and an unauthenticated call gets a 401, not a login page)."""
+    session, authenticates them (and an unauthenticated call gets a 401, not a login page).
+    Last comes every other path under /api/, answered with a JSON 404, so an error under
+    /api/ is never the console's HTML page nor a redirect (``APPEND_SLASH``)."""
     patterns, app_name, namespace = api.urls
     for pattern in patterns:
         if isinstance(pattern, URLPattern):
+            pattern.callback = _json_not_allowed(pattern.callback)
             pattern.callback.login_required = False  # type: ignore[attr-defined]
+    patterns = [*patterns, re_path(r"^(?P<rest>.*)$", _unknown_path)]
     return patterns, app_name, namespace

@@ -19,22 +19,28 @@ from console.api.schemas import (
     STEPS_SHOWN,
     ApprovalOut,
     ApprovalPage,
+    BatchDecideIn,
+    BatchOut,
     DecideIn,
     EventPage,
     RunIn,
     RunOut,
     StepOut,
 )
+from console.batch import batch_status, item_code, item_message
 from console.permissions import DECIDE, VIEW
 from runtime import selectors
+from runtime.approvals.batch import approvals_decide
 from runtime.approvals.decisions import approval_decide
 from runtime.approvals.rules import Decision
 from runtime.canonical import check_payload
 from runtime.errors import (
     ApprovalConflict,
+    BatchRefused,
     FourEyesViolation,
     InvalidArguments,
     InvalidDecision,
+    InvalidEdit,
     InvalidPayload,
     UnknownAgent,
 )
@@ -92,6 +98,9 @@ def _approval(a: Approval, by: str) -> ApprovalOut:
     return ApprovalOut(**_summary(a), arguments=a.arguments, detail=a.detail,
                        decided_by=a.decided_by or None, decided_at=a.decided_at, note=a.note,
                        result=a.result, decisions=selectors.approval_decisions(a, by),
+                       editable=selectors.approval_editable(a, by), edited_by=a.edited_by or None,
+                       effective_arguments=a.effective_arguments,
+                       effective_digest=a.effective_digest or None,
                        steps=steps, steps_total=total)
 
 
@@ -133,6 +142,49 @@ def list_approvals(request: HttpRequest, cursor: str | None = Query(None, max_le
             if more and last else None}
 
 
+# Before "/approvals/{approval_id}": Django tries the paths in order, and that one would
+# take "decide" for an id.
+@api.post("/approvals/decide", response={200: BatchOut, **ERRORS}, url_name="decide-batch",
+          summary="Approve or reject several approvals at once: all of them or none")
+def decide_batch(request: HttpRequest, payload: BatchDecideIn,
+                 idempotency_key: str | None = IDEMPOTENCY_KEY) -> HttpResponse:
+    """Decides every listed approval on the request whose digest is given, in one commit.
+    Refused whole, nothing decided, when any one may not be decided as asked (already
+    decided, expired, stale, four-eyes, no such approval): 409, 403 or 422 with ``items``
+    naming each refused approval. Resolve is one approval at a time."""
+    user = _user(request, DECIDE)
+    by = user.get_username()
+    body = payload.model_dump(mode="json")
+
+    def answer() -> tuple[int, dict[str, Any]]:
+        note = _text("note", payload.note)
+        items = [(item.id, item.digest) for item in payload.approvals]
+        try:
+            decided = approvals_decide(items, payload.decision, by, note)
+        except BatchRefused as exc:
+            raise batch_refused(exc) from None
+        rows = [{**_summary(a), "decided_by": a.decided_by or None,
+                 "decided_at": a.decided_at, "note": a.note} for a in decided]
+        return 200, _json(BatchOut(decided=len(rows), items=rows))  # type: ignore[arg-type]
+
+    return idempotent(request, user, body, answer)
+
+
+def batch_refused(exc: BatchRefused) -> ApiError:
+    """A refused batch as one error naming each refused approval (the console's codes)."""
+    items = [{"id": pk, "code": item_code(why), "message": item_message(why)}
+             for pk, why in sorted(exc.refusals.items())]
+    status = batch_status(exc)
+    codes = {i["code"] for i in items}
+    if status == 422:
+        code = "invalid"
+    elif status == 403:
+        code = "forbidden"
+    else:
+        code = next(c for c in ("already_decided", "stale", "retry") if c in codes)
+    return ApiError(code, exc.reason, items=items)
+
+
 @api.get("/approvals/{approval_id}", response={200: ApprovalOut, **ERRORS},
          url_name="approval", summary="One approval: the request and its run's steps")
 def get_approval(request: HttpRequest, approval_id: int) -> ApprovalOut:
@@ -167,11 +219,17 @@ def decide(request: HttpRequest, approval_id: int, payload: DecideIn,
             raise ApiError("stale", "the approval's request is not the one you decided on "
                            "(expected_digest differs); read it again", status=approval.status)
         try:
-            approval_decide(approval.pk, payload.decision, by, note, result=payload.result)
+            approval_decide(approval.pk, payload.decision, by, note, result=payload.result,
+                            arguments=payload.arguments)
         except ApprovalConflict as exc:
             raise conflict(exc) from None
         except FourEyesViolation as exc:
             raise ApiError("forbidden", str(exc)) from None
+        except InvalidEdit as exc:  # each argument at fault, where a form would show it
+            raise ApiError("invalid", exc.reason, errors=[
+                {"loc": ["body", "payload", "arguments", *([name] if name else [])],
+                 "msg": message, "type": "value_error"}
+                for name, message in exc.fields.items()] or None) from None
         except InvalidDecision as exc:
             raise ApiError("invalid", exc.reason) from None
         fresh = selectors.approval_for_page(approval.pk)

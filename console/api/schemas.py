@@ -9,6 +9,7 @@ from typing import Any
 
 from ninja import Field, Schema
 
+from runtime.approvals.batch import BATCH_LIMIT
 from runtime.approvals.rules import Decision
 
 STEPS_SHOWN = 50  # a run's or an approval's latest steps; the events endpoint pages all
@@ -21,6 +22,8 @@ class ErrorOut(Schema):
     decided_by: str | None = None
     decided_at: datetime | None = None
     errors: list[dict[str, Any]] | None = None
+    items: list[dict[str, Any]] | None = Field(None, description="A refused batch: each "
+                                               "refused approval's id, code and message.")
 
 
 ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
@@ -68,6 +71,13 @@ class ApprovalOut(ApprovalSummary):
     note: str
     result: Any
     decisions: Sequence[str] = Field(description="What the caller may decide now.")
+    editable: bool = Field(False, description="Whether the caller may approve with edited "
+                           "``arguments`` now (a pending policy approval whose agent and tool "
+                           "allow it).")
+    edited_by: str | None = Field(None, description="Who edited the arguments it ran with.")
+    effective_arguments: Any = Field(None, description="The arguments it was allowed with, "
+                                     "when edited (``arguments`` stay the proposed ones).")
+    effective_digest: str | None = Field(None, description="The digest of the edited request.")
     steps: list[StepOut] = Field(description=f"The run's latest {STEPS_SHOWN} steps.")
     steps_total: int
 
@@ -78,6 +88,33 @@ class DecideIn(Schema):
                                  "decided on; another one is refused as stale.")
     note: str = Field("", max_length=10_000)
     result: Any = Field(None, description="For resolve: the call's outcome, as JSON.")
+    arguments: dict[str, Any] | None = Field(
+        None, description="For approve on a policy approval: run the call with these "
+        "arguments instead of the proposed ones (checked by the tool's schema; refused where "
+        "the call may have happened already, or the agent or tool forbids editing).")
+
+
+class BatchItemIn(Schema):
+    id: int
+    digest: str = Field(max_length=128, description="The digest of the request you decided "
+                        "on; another one is refused as stale.")
+
+
+class BatchDecideIn(Schema):
+    decision: Decision = Field(description="approve or reject (resolve is one at a time).")
+    note: str = Field("", max_length=10_000)
+    approvals: list[BatchItemIn] = Field(min_length=1, max_length=BATCH_LIMIT)
+
+
+class DecidedOut(ApprovalSummary):
+    decided_by: str | None
+    decided_at: datetime | None
+    note: str
+
+
+class BatchOut(Schema):
+    decided: int
+    items: list[DecidedOut] = Field(description="Every approval decided, in the order sent.")
 
 
 class RunIn(Schema):

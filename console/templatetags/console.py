@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -73,14 +74,63 @@ def seconds(value: int | None) -> str:
     return "—" if value is None else duration(timedelta(seconds=value))
 
 
+def stamp(at: datetime) -> str:
+    """Every time the console shows, in one form: UTC, to the second ("2026-12-03 20:11:08
+    UTC"); the words' own (``console.wording.utc``)."""
+    return wording.utc(at.astimezone(UTC))
+
+
+def _iso(at: datetime) -> str:
+    """For ``datetime`` attributes: exact (the countdowns count from it), read by machines."""
+    return at.astimezone(UTC).isoformat()
+
+
+@register.filter
+def utc(at: datetime | str | None) -> str:
+    """A moment as "2026-12-03 20:11:08 UTC" in a ``<time>`` element: the one way the
+    console writes a time (no milliseconds, the zone said once). An ISO text (the demo's
+    outside world keeps its times so) is read first; one that is not a time is shown as is."""
+    if isinstance(at, str):
+        try:
+            parsed = datetime.fromisoformat(at)
+        except ValueError:
+            return at
+        at = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    if at is None:
+        return "—"
+    return format_html('<time datetime="{}">{}</time>', _iso(at), stamp(at))
+
+
+@register.filter
+def utc_clock(at: datetime | None) -> str:
+    """Just the time of day ("20:11:08"), for tables whose heading says UTC; the whole
+    moment in its tooltip."""
+    if at is None:
+        return "—"
+    return format_html('<time datetime="{}" title="{}">{}</time>', _iso(at), stamp(at),
+                       f"{at.astimezone(UTC):%H:%M:%S}")
+
+
+@register.filter
+def cost(value: Decimal | float | int | str | None) -> str:
+    """A run's LLM cost in US dollars, as everywhere in the console: "$0.0123" (at least two
+    decimals, at most the six stored)."""
+    if value is None or value == "":
+        return "—"
+    amount = Decimal(str(value)).quantize(Decimal("0.000001"))
+    text = f"{amount:f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
 @register.simple_tag
 def moment(at: datetime | None, now: datetime | None = None) -> str:
     """A moment as "2026-12-03 20:11:08 UTC (3m 12s ago)"; the age keeps counting in the
     browser (console.js), so a page that is not re-rendered never shows a frozen age."""
     if at is None:
         return "—"
-    return format_html('{} UTC (<time datetime="{}" data-age>{}</time> ago)',
-                       f"{at:%Y-%m-%d %H:%M:%S}", at.isoformat(), age(at, now))
+    return format_html('{} (<time datetime="{}" data-age>{}</time> ago)', utc(at), _iso(at),
+                       age(at, now))
 
 
 @register.simple_tag
@@ -88,8 +138,8 @@ def since(at: datetime | None, now: datetime | None = None) -> str:
     """Just the age ("3m 12s"), counting on in the browser; the full time in its tooltip."""
     if at is None:
         return "—"
-    return format_html('<time datetime="{}" data-age title="{} UTC">{}</time>', at.isoformat(),
-                       f"{at:%Y-%m-%d %H:%M:%S}", age(at, now))
+    return format_html('<time datetime="{}" data-age title="{}">{}</time>', _iso(at),
+                       stamp(at), age(at, now))
 
 
 @register.simple_tag
@@ -112,15 +162,13 @@ def deadline(at: datetime | None, now: datetime | None = None) -> str:
     if at is None:
         return ""
     now = now or timezone.now()
-    stamp = f"{at:%Y-%m-%d %H:%M:%S}"
     if at <= now:
         return format_html('<span class="deadline deadline-passed" data-testid="deadline-left">'
-                           'deadline passed <time datetime="{}">{} UTC</time></span>',
-                           at.isoformat(), stamp)
+                           'deadline passed {}</span>', utc(at))
     soon = " deadline-soon" if at - now <= DEADLINE_SOON else ""
     return format_html('<span class="deadline{}" data-testid="deadline-left">expires in '
-                       '<time datetime="{}" data-until title="{} UTC">{}</time></span>',
-                       soon, at.isoformat(), stamp, until(at, now))
+                       '<time datetime="{}" data-until title="{}">{}</time></span>',
+                       soon, _iso(at), stamp(at), until(at, now))
 
 
 @register.filter
@@ -146,3 +194,10 @@ def kind_word(kind: str) -> str:
 def approval_status(approval: Any) -> str:
     """An approval's status in the words of its kind ("allowed, started at …")."""
     return wording.status_word(approval)
+
+
+@register.simple_tag
+def run_failure(run: Any, approvals: Any) -> str:
+    """Why a run failed, in the words of the approval that ended it if one did ("denied by
+    ada: too large" for a policy check, as its approval's page says), else the runtime's."""
+    return wording.failure_words(run, approvals)

@@ -29,7 +29,8 @@ class Budget:
 
 
 class Agent:
-    """An LLM, its tools, and the rules for running them."""
+    """An LLM, its tools, and the rules for running them. ``editable=False`` forbids a person
+    to change the arguments of any of its calls a policy holds before allowing it."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class Agent:
         policy: Callable[[Request, Any], PolicyDecision] | None = None,
         reconcile: Callable[[Any], Any] | None = None,
         budget: Budget | None = None,
+        editable: bool = True,
     ) -> None:
         self.name = name
         self.llm = llm
@@ -52,6 +54,7 @@ class Agent:
         self.policy = policy or allow_all
         self.reconcile = reconcile
         self.budget = budget or Budget()
+        self.editable = editable
         self.tool_specs: list[ToolSpec] = [t.spec() for t in self.tools.values()]
 
     def __repr__(self) -> str:

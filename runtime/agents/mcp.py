@@ -142,6 +142,8 @@ class MCPServer:
 class MCPTool(Tool):
     """One tool of an MCP server, called over its own session."""
 
+    editable = False  # its schema is the server's to check: an edit could not be checked here
+
     def __init__(self, server: MCPServer, listed: mcp_types.Tool) -> None:
         self.server, self.listed = server, listed
         self.fn = _not_called

@@ -112,7 +112,9 @@ class PydanticAIAgent(Agent):
             if effect not in Effect.values:
                 raise ValueError(f"effects[{tool_name!r}] must be one of "
                                  f"{', '.join(map(repr, Effect.values))}, not {effect!r}")
-        super().__init__(agent_name, llm=_NoLLM(), tools=[], budget=budget)
+        # The agent replays its own recorded model responses when resumed: a tool call it
+        # sees must be the one its model made, so a person may not edit its calls.
+        super().__init__(agent_name, llm=_NoLLM(), tools=[], budget=budget, editable=False)
         self.pydantic_agent = agent
         self.user_policy = policy or allow_all
         self.policy = self._policy

@@ -66,6 +66,10 @@ class ToolSpec:
 class Tool:
     """A registered tool. Call it like the function; the runtime calls ``invoke``."""
 
+    # Whether a person may change the arguments of a call a policy holds before allowing it
+    # (``runtime.approvals.rules.approval_edit_refusal``); ``@tool(editable=False)`` forbids.
+    editable: bool = True
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -76,6 +80,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         blocks: bool = True,
+        editable: bool = True,
     ) -> None:
         if effect not in Effect.values:
             raise ValueError(f"effect must be one of {', '.join(map(repr, Effect.values))}, "
@@ -91,6 +96,7 @@ class Tool:
         # one on its bounded pool, unless it declares it never waits (``blocks=False``).
         self.is_async = inspect.iscoroutinefunction(fn)
         self.blocks = blocks and not self.is_async
+        self.editable = editable
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -109,7 +115,13 @@ class Tool:
                 f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
                 for err in exc.errors()
             )
-            raise InvalidArguments(self.name, errors) from None
+            fields: dict[str, str] = {}
+            for err in exc.errors():
+                name = str(err["loc"][0]) if err["loc"] else ""
+                where = ".".join(str(p) for p in err["loc"][1:])
+                message = f"{where}: {err['msg']}" if where else err["msg"]
+                fields[name] = f"{fields[name]}; {message}" if name in fields else message
+            raise InvalidArguments(self.name, errors, fields) from None
         return {name: getattr(model, name) for name in self.args_model.model_fields}
 
     def json_schema(self) -> dict[str, Any]:
@@ -131,7 +143,7 @@ class Tool:
 
 
 def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[pydantic.BaseModel]]:
-    hints = get_type_hints(fn)
+    hints = get_type_hints(fn, include_extras=True)  # ``Annotated[int, Field(gt=0)]`` checks
     params = list(inspect.signature(fn).parameters.values())
     takes_ctx = bool(params) and (
         hints.get(params[0].name) is ToolContext or params[0].name == "ctx"
@@ -160,6 +172,7 @@ def tool(
     dispatches: bool = False,
     name: str | None = None,
     blocks: bool = True,
+    editable: bool = True,
 ) -> Any:
     """Declare a tool. ``effect`` is required: the runtime must know whether a re-run is safe.
 
@@ -167,11 +180,13 @@ def tool(
     call, which lets the runtime re-run a crashed attempt that provably never got that far.
     ``blocks=False`` says a sync tool never waits (no I/O, no sleep, little CPU): the event-loop
     worker calls it on its loop rather than on its thread pool. An ``async def`` tool never
-    blocks the loop unless it calls blocking code itself.
+    blocks the loop unless it calls blocking code itself. ``editable=False`` forbids a person
+    to change the arguments of a call its policy holds before allowing it (they may only allow
+    or deny the call as the agent proposed it).
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(f, effect=effect, max_attempts=max_attempts, dispatches=dispatches, name=name,
-                    blocks=blocks)
+                    blocks=blocks, editable=editable)
 
     return wrap(fn) if fn is not None else wrap

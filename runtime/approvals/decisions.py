@@ -1,4 +1,5 @@
-"""Operators' decisions on approvals: approve one re-run, reject, or resolve with a result.
+"""Operators' decisions on approvals: approve one re-run, reject, or resolve with a result; a
+policy approval may be allowed with arguments a person edited (``arguments=``).
 
 Each decision is one plan committed by the engine: a compare-and-set UPDATE from ``pending``
 (so of two operators deciding at once exactly one wins), the run's compare-and-set on its chain
@@ -14,13 +15,20 @@ from runtime.approvals.rules import (
     DECIDED_STATUS,
     Decision,
     already_decided,
+    approval_edit_tool,
     approval_past_deadline,
     decision_refusal,
     too_late,
 )
-from runtime.canonical import check_payload, request_digest
+from runtime.canonical import check_payload, dumps, request_digest
 from runtime.clock import SYSTEM_CLOCK
-from runtime.errors import ApprovalConflict, InvalidDecision, InvalidPayload
+from runtime.errors import (
+    ApprovalConflict,
+    InvalidArguments,
+    InvalidDecision,
+    InvalidEdit,
+    InvalidPayload,
+)
 from runtime.models import (
     Approval,
     ApprovalStatus,
@@ -52,15 +60,20 @@ def resolve(
 
 
 def approval_decide(approval_id: int, decision: Decision | str, by: str, note: str = "", *,
-                    result: Any = None, now: datetime | None = None) -> Approval:
+                    result: Any = None, arguments: dict[str, Any] | None = None,
+                    now: datetime | None = None) -> Approval:
     """Make ``decision`` on the approval as ``by`` (the console's pages and the JSON API both
     decide through here). Refused with the typed error ``rules.decision_refusal`` names, or
     ``InvalidDecision`` for a bad input (no name, a rejection without a note, a result that
-    cannot be stored), changing nothing; ``ApprovalConflict`` if someone decided first."""
+    cannot be stored), changing nothing; ``ApprovalConflict`` if someone decided first.
+    ``arguments``: allow a policy approval's call with these arguments instead of the ones
+    proposed (``InvalidEdit``, naming the fields, when the request may not be edited or the
+    tool's schema refuses them)."""
     decision, note, result = decision_inputs(approval_id, decision, by, note, result)
+    arguments = edit_inputs(approval_id, decision, arguments)
     now = now or SYSTEM_CLOCK.now()
     approval = approval_load(approval_id)
-    plan = decision_plan(approval, decision, by, note, result, now)
+    plan = decision_plan(approval, decision, by, note, result, now, arguments=arguments)
     try:
         committed = engine().commit(plan, SYSTEM_CLOCK)
     except Refused:
@@ -95,6 +108,22 @@ def decision_inputs(approval_id: int, decision: Decision | str, by: str, note: s
     return decision, note, result
 
 
+def edit_inputs(approval_id: int, decision: Decision, arguments: Any) -> dict[str, Any] | None:
+    """Edited arguments checked as an input: only to approve, a JSON object within the
+    payload limits (``InvalidEdit``); None when there is no edit."""
+    if arguments is None:
+        return None
+    if decision != Decision.APPROVE:
+        raise InvalidEdit(approval_id, "edited arguments go with an approval only")
+    if not isinstance(arguments, dict):
+        raise InvalidEdit(approval_id, "the edited arguments must be a JSON object")
+    try:
+        checked: dict[str, Any] = check_payload("edited arguments", arguments)
+    except InvalidPayload as exc:
+        raise InvalidEdit(approval_id, str(exc)) from None
+    return checked
+
+
 def approval_load(approval_id: int) -> Approval:
     """The approval with its run and step, or ``InvalidDecision`` ("no such approval")."""
     try:
@@ -104,13 +133,16 @@ def approval_load(approval_id: int) -> Approval:
 
 
 def decision_plan(approval: Approval, decision: Decision, by: str, note: str, result: Any,
-                  now: datetime) -> Plan:
+                  now: datetime, *, arguments: dict[str, Any] | None = None) -> Plan:
     """The one commit ``decision`` is: the approval's compare-and-set from ``pending``, the
-    run's fence while it waits, and the run's events. Raises the refusal the rules name
-    (nothing is built for a decision that may not be made)."""
+    run's fence while it waits, and the run's events; with edited ``arguments`` (checked by
+    ``edit_inputs``), also the step's request replaced by them. Raises the refusal the rules
+    name (nothing is built for a decision that may not be made)."""
     refusal = decision_refusal(approval, decision, by, now)
     if refusal is not None:
         raise refusal
+    if arguments is not None:
+        arguments = _checked_edit(approval, arguments)
     step, run = approval.step, approval.run
     # The step moved on from the request this approval holds (a concurrent change): stale.
     if approval.digest != request_digest(step.tool, step.arguments, step.effect):
@@ -120,10 +152,55 @@ def decision_plan(approval: Approval, decision: Decision, by: str, note: str, re
     status = DECIDED_STATUS[decision]
     plan = Plan(run_id=run.pk, at=now, actor=by, head=run.event_hash,
                 fence=Fence(seq=run.event_seq, status=(RunStatus.WAITING,)))
+    edit: dict[str, Any] = {}
+    if arguments is not None:
+        edit = dict(effective_arguments=arguments, edited_by=by,
+                    effective_digest=request_digest(step.tool, arguments, step.effect))
     plan.approval_move(approval.pk, ApprovalStatus.PENDING, open_at=now, status=status,
-                       decided_by=by, decided_at=now, note=note, result=result)
-    _effects(plan, approval, status, by, note, result)
+                       decided_by=by, decided_at=now, note=note, result=result, **edit)
+    if edit:
+        _edited(plan, approval, by, arguments or {}, edit["effective_digest"])
+    _effects(plan, approval, status, by, note, result, edit.get("effective_digest", ""))
     return plan
+
+
+def _checked_edit(approval: Approval, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """The edited arguments if they change the request, None if they equal the proposed
+    ones (a plain allow); ``InvalidEdit`` when the request may not be edited, or the tool's
+    own schema refuses them (naming each field)."""
+    tool, why = approval_edit_tool(approval)
+    if tool is None:
+        raise InvalidEdit(approval.pk, why)
+    try:
+        tool.validate(arguments)
+    except InvalidArguments as exc:
+        raise InvalidEdit(approval.pk, f"the tool's schema refuses the edited arguments: "
+                          f"{exc.errors}", exc.fields) from None
+    same = (request_digest(approval.tool, arguments, approval.effect)
+            == request_digest(approval.tool, approval.arguments, approval.effect))
+    return None if same else arguments
+
+
+def _edited(plan: Plan, approval: Approval, by: str, arguments: dict[str, Any],
+            digest: str) -> None:
+    """The step's request becomes the edited one, and the audit says who changed what."""
+    proposed = approval.arguments if isinstance(approval.arguments, dict) else {}
+    changes = []
+    for name in sorted(proposed.keys() | arguments.keys()):
+        if name in proposed and name in arguments and (
+                dumps(proposed[name]) == dumps(arguments[name])):
+            continue
+        change: dict[str, Any] = {"field": name}
+        if name in proposed:
+            change["from"] = proposed[name]
+        if name in arguments:
+            change["to"] = arguments[name]
+        changes.append(change)
+    plan.event("approval.edited", {
+        "approval_id": approval.pk, "edited_by": by, "proposed_digest": approval.digest,
+        "effective_digest": digest, "changes": changes, "arguments": arguments},
+        approval.step.index)
+    plan.step_update(approval.step, arguments=arguments)
 
 
 def decision_lost(approval: Approval, now: datetime) -> ApprovalConflict:
@@ -139,12 +216,13 @@ def decision_lost(approval: Approval, now: datetime) -> ApprovalConflict:
 
 
 def _effects(plan: Plan, approval: Approval, status: str, by: str, note: str,
-             result: Any) -> None:
+             result: Any, effective_digest: str = "") -> None:
     """What the decision does to the run and its step, added to ``plan``."""
     idx = approval.step.index
     base = {"approval_id": approval.pk, "kind": approval.kind, "decided_by": by, "note": note}
     if status == ApprovalStatus.APPROVED:
-        plan.event("approval.granted", base, idx)
+        plan.event("approval.granted", {**base, "effective_digest": effective_digest}
+                   if effective_digest else base, idx)
         plan.run["status"] = RunStatus.QUEUED
     elif status == ApprovalStatus.RESOLVED:
         plan.event("approval.resolved", {**base, "result": result}, idx)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
+from runtime.agents.agent import registry
+from runtime.agents.tools import Tool
 from runtime.canonical import request_digest
 from runtime.clock import SYSTEM_CLOCK
 from runtime.conf import setting
@@ -17,6 +19,7 @@ from runtime.errors import (
     ApprovalConflict,
     FourEyesViolation,
     InvalidDecision,
+    UnknownAgent,
 )
 from runtime.models import Approval, ApprovalKind, ApprovalStatus
 
@@ -117,3 +120,38 @@ def too_late(approval: Approval) -> ApprovalConflict:
     return ApprovalConflict(approval.pk, f"already expired at {when}: too late to decide",
                             status=ApprovalStatus.EXPIRED, decided_at=approval.expires_at,
                             reason_code="expired")
+
+
+def approval_edit_tool(approval: Approval) -> tuple[Tool | None, str]:
+    """The tool whose own schema checks edited arguments for ``approval``'s request, or None
+    and why its request may not be edited: only a policy approval's call has not run (an
+    interrupted one may have happened as proposed); the agent and the tool must allow it and
+    still be registered here, since their schema is what checks the edit."""
+    if approval.kind != ApprovalKind.POLICY:
+        return None, ("only a policy approval's request can be edited: this call may already "
+                      "have happened as proposed")
+    try:
+        agent = registry.get(approval.run.agent)
+    except UnknownAgent:
+        return None, (f"agent {approval.run.agent!r} is not configured here, so its tool's "
+                      "schema cannot check an edit")
+    if not agent.editable:
+        return None, f"agent {agent.name!r} does not allow its calls to be edited"
+    tool = agent.tool_for_step(approval.step)
+    if tool is None:
+        return None, f"tool {approval.tool!r} is no longer registered for agent {agent.name!r}"
+    if not tool.editable:
+        return None, f"tool {tool.name!r} does not allow its arguments to be edited"
+    return tool, ""
+
+
+def approval_edit_refusal(approval: Approval) -> str:
+    """Why ``approval``'s request may not be edited before it is allowed; "" when it may."""
+    return approval_edit_tool(approval)[1]
+
+
+def approval_editable(approval: Approval, by: str, now: datetime | None = None) -> bool:
+    """Whether ``by`` may edit ``approval``'s request and allow it now: the request may be
+    edited, and ``by`` may approve it."""
+    return (not approval_edit_refusal(approval)
+            and decision_refusal(approval, Decision.APPROVE, by, now) is None)

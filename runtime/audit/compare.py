@@ -17,7 +17,9 @@ Covered (each exactly as the runtime writes it):
   result, error, attempt, dispatches, dispatched_attempt, started_at, finished_at.
 - approvals: the set of ids (``approval.requested`` carries the id the row got), and per
   approval: step, kind, status, tool, arguments, effect, digest, title, decided_by,
-  decided_at, note, result, created_at, consumed_at.
+  decided_at, note, result, created_at, consumed_at, and an edit of a policy call
+  (``approval.edited``): effective_arguments, effective_digest, edited_by (and the step's
+  arguments, which become the edited ones).
 
 Not covered, on purpose:
 - lease_expires_at's value: the statement's clock plus the lease, renewed by heartbeats, which
@@ -62,10 +64,10 @@ STEP_FIELDS = ("status", "tool", "arguments", "effect", "idempotency_key", "resu
 
 APPROVAL_FIELDS = ("kind", "status", "tool", "arguments", "effect", "digest", "title",
                    "decided_by", "decided_at", "note", "result", "created_at", "consumed_at",
-                   "expires_at")
+                   "expires_at", "effective_arguments", "effective_digest", "edited_by")
 
 
-JSON_FIELDS = frozenset({"input", "output", "arguments", "result"})
+JSON_FIELDS = frozenset({"input", "output", "arguments", "result", "effective_arguments"})
 
 
 def replay_problems(run_id: int, using: str = "default") -> list[str]:

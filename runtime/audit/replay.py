@@ -93,6 +93,9 @@ class ApprovalState:
     result: Any = None
     consumed_at: datetime | None = None
     expires_at: datetime | None = None
+    effective_arguments: Any = None
+    effective_digest: str = ""
+    edited_by: str = ""
 
 
 @dataclass
@@ -336,6 +339,16 @@ def _approval(f: _Folding, step: StepState | None, kind: str,
     return found
 
 
+def _approval_edited(f: _Folding, step: StepState | None, p: dict[str, Any],
+                     at: datetime) -> None:
+    """A person edited a policy call before allowing it: the step's request is the edit."""
+    a = None if step is None else _approval(f, step, EventKind.APPROVAL_EDITED, p)
+    if a is None or step is None:
+        return
+    step.arguments = a.effective_arguments = p.get("arguments")
+    a.effective_digest, a.edited_by = p.get("effective_digest", ""), p.get("edited_by", "")
+
+
 def _decided(status: ApprovalStatus, kind: EventKind, *, queues: bool) -> Handler:
     """A person's decision: the approval ``status`` by its decider; ``queues`` the run."""
     def handle(f: _Folding, step: StepState | None, p: dict[str, Any], at: datetime) -> None:
@@ -407,6 +420,7 @@ HANDLERS: dict[str, Handler] = {
     EventKind.LLM_RESPONDED: _llm_responded,
     EventKind.LLM_FAILED: _llm_failed,
     EventKind.APPROVAL_REQUESTED: _approval_requested,
+    EventKind.APPROVAL_EDITED: _approval_edited,
     EventKind.APPROVAL_GRANTED: _decided(ApprovalStatus.APPROVED, EventKind.APPROVAL_GRANTED,
                                          queues=True),
     EventKind.APPROVAL_REJECTED: _decided(ApprovalStatus.REJECTED, EventKind.APPROVAL_REJECTED,
@@ -416,6 +430,8 @@ HANDLERS: dict[str, Handler] = {
     EventKind.APPROVAL_CONSUMED: _approval_consumed,
     EventKind.APPROVAL_CANCELLED: _approval_cancelled,
     EventKind.APPROVAL_EXPIRED: _approval_expired,
+    EventKind.APPROVAL_WARNED: _recorded,
+    EventKind.APPROVAL_ESCALATED: _recorded,
     EventKind.RECONCILE_DECIDED: _recorded,
     EventKind.POLICY_DENIED: _policy_denied,
     EventKind.SIDE_EFFECT_AUTO_CONFIRMED: _recorded,

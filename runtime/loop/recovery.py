@@ -117,9 +117,11 @@ def interrupted(ex: Execution, step: Step, why: str = "") -> Step | None:
 
 
 def consume(ex: Execution, step: Step, approval: Approval) -> Step | None:
-    """An approved request starts once more: same step, same schema check, policy again."""
+    """An approved request starts once more: same step, same schema check, policy again. A
+    policy call a person edited runs as edited: the step's request is the effective one."""
     plan = ex.plan()
-    if approval.digest != request_digest(step.tool, step.arguments, step.effect):
+    if (approval.effective_digest or approval.digest) != request_digest(
+            step.tool, step.arguments, step.effect):
         ex.cancel_approval(plan, approval, "stale: the step's request changed")
         title, detail = _presentation_for(ex, approval.kind, step)
         ex.pause(plan, step, approval.kind, title, detail, step.status)

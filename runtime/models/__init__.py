@@ -7,7 +7,7 @@ the state change and its audit event in one transaction. Nothing here writes on 
 """
 
 from runtime.models.approvals import Approval, ApprovalKind, ApprovalStatus, held_step_status
-from runtime.models.audit import AuditCheckpoint, Event, RunCreation
+from runtime.models.audit import AuditCheckpoint, AuditExport, Event, RunCreation
 from runtime.models.backups import Backup, Restoration
 from runtime.models.notifications import Notification, NotificationAttempt, NotificationStatus
 from runtime.models.retention import PrunedRun, Pruning, RetiredTotal
@@ -33,6 +33,7 @@ __all__ = [
     "ApprovalKind",
     "ApprovalStatus",
     "AuditCheckpoint",
+    "AuditExport",
     "Backup",
     "Effect",
     "Event",

@@ -76,3 +76,30 @@ class AuditCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return f"checkpoint #{self.seq} ({self.runs} runs)"
+
+
+class AuditExport(models.Model):
+    """One export of the audit log taken away (``manage.py auditexport``, the admin's download):
+    who took which rows, hash-chained after the export before and append-only, like the
+    checkpoints. Recorded when the export ends, also when it stopped part-way (``complete`` is
+    then false and ``rows`` counts what was written)."""
+
+    seq = models.BigIntegerField(unique=True)
+    at = models.DateTimeField()
+    by = models.CharField(max_length=150, blank=True)
+    what = models.CharField(max_length=16)  # "events" or "decisions"
+    format = models.CharField(max_length=8)  # "csv" or "jsonl"
+    filters = models.JSONField(default=dict)
+    rows = models.BigIntegerField()
+    complete = models.BooleanField()
+    last_hash = models.CharField(max_length=64, blank=True,
+                                 help_text="The chain hash on the export's last line.")
+    sha256 = models.CharField(max_length=64, help_text="SHA-256 of the exported bytes.")
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        permissions = [("export_audit", "Can export the audit log")]
+
+    def __str__(self) -> str:
+        return f"export #{self.seq} ({self.rows} {self.what})"

@@ -11,10 +11,11 @@ same on every attempt) so a receiver can drop repeats. Failures are retried with
 backoff up to ``NOTIFY_MAX_ATTEMPTS``.
 
 Channels (settings ``RUNTIME["NOTIFY"]``, a list): ``{"name": "ops", "kind": "webhook" |
-"slack" | "email", "target": URL or comma-separated addresses, "agents": [...] (default all),
-"events": ["approval.requested", "approval.decided", "approval.expired"] (default the
-first)}``. ``RUNTIME_NOTIFY_WEBHOOK`` / ``RUNTIME_NOTIFY_SLACK`` / ``RUNTIME_NOTIFY_EMAIL`` in
-the environment add one channel each.
+"slack" | "slack_app" | "email", "target": URL, comma-separated addresses or a Slack channel
+id, "agents": [...] (default all), "events": ["approval.requested", "approval.decided",
+"approval.expired"] (default the first; all three for ``slack_app``)}``.
+``RUNTIME_NOTIFY_WEBHOOK`` / ``RUNTIME_NOTIFY_SLACK`` / ``RUNTIME_NOTIFY_EMAIL`` in the
+environment add one channel each.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from runtime.models import (
     NotificationAttempt,
     NotificationStatus,
 )
+from runtime.notifications.slack import slack_send
 
 log = logging.getLogger("runtime.outbox")
 
@@ -74,6 +76,8 @@ def outbox_claim(now: datetime, limit: int = 20) -> list[Notification]:
 
 def outbox_send(n: Notification) -> tuple[bool, int | None, str]:
     """Send one message: (delivered, HTTP status, error)."""
+    if n.kind == "slack_app":
+        return slack_send(n)
     if n.kind == "email":
         to = [a.strip() for a in n.target.split(",") if a.strip()]
         try:
@@ -105,7 +109,8 @@ def outbox_record(n: Notification, ok: bool, code: int | None, error: str,
         mine = Notification.objects.filter(pk=n.pk, status=NotificationStatus.PENDING,
                                            attempts=n.attempts)
         if ok:
-            mine.update(status=NotificationStatus.DELIVERED, delivered_at=now, last_error="")
+            mine.update(status=NotificationStatus.DELIVERED, delivered_at=now, last_error="",
+                        reply=n.reply)
         elif nxt is None:
             mine.update(status=NotificationStatus.FAILED, last_error=error)
         else:

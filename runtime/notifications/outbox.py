@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from runtime.approvals.rules import DECIDED_STATUS
-from runtime.models import Approval, ApprovalStatus, Notification
-from runtime.notifications.channels import _body, channels
+from runtime.models import Approval, ApprovalStatus, Notification, NotificationStatus
+from runtime.notifications.channels import _body, channels, email_targets
 
 DECIDED = frozenset(DECIDED_STATUS.values())  # what a person's decision moves it to
 
@@ -26,12 +26,18 @@ def outbox_enqueue_in_tx(approval_id: int, event: str, at: datetime) -> int:
     for channel in configured:
         if not channel.wants(approval.run.agent, event):
             continue
-        key = f"approval-{approval_id}-{event}-{channel.name}"
-        Notification.objects.create(
-            approval_id=approval_id, event=event, channel=channel.name, kind=channel.kind,
-            target=channel.target, body=_body(channel, event, approval, key),
-            idempotency_key=key, next_attempt_at=at, created_at=at)
-        made += 1
+        # A group's members are read now; a long list is split over several messages.
+        targets = email_targets(channel) if channel.group else [channel.target]
+        for n, target in enumerate(targets or [""]):
+            key = f"approval-{approval_id}-{event}-{channel.name}" + (f"-{n + 1}" if n else "")
+            Notification.objects.create(
+                approval_id=approval_id, event=event, channel=channel.name, kind=channel.kind,
+                target=target, body=_body(channel, event, approval, key, at),
+                idempotency_key=key, next_attempt_at=at, created_at=at,
+                # Nobody in the group to mail: on the record (the admin lists it), not sent.
+                **({} if target else {"status": NotificationStatus.FAILED, "last_error":
+                   f"group {channel.group!r} has no active user with an email address"}))
+            made += 1
     return made
 
 
@@ -54,3 +60,11 @@ def outbox_on_approval_written(sender: Any, *, approval_id: int, status: str, at
     event = event_of_status(status)
     if event is not None:
         outbox_enqueue_in_tx(approval_id, event, at)
+
+
+def outbox_on_deadline_near(sender: Any, *, approval_id: int, event: str, at: datetime,
+                            **kwargs: Any) -> int:
+    """``approvals.deadlines.approval_deadline_near``'s receiver: the warning
+    (``approval.expiring``) or the escalation (``approval.escalated``), in the transaction that
+    marks the approval warned or escalated. Returns how many notifications it wrote."""
+    return outbox_enqueue_in_tx(approval_id, event, at)

@@ -73,30 +73,43 @@ class Timing:
 
 
 def timing(cron: str, interval_seconds: int | None, timezone: str) -> Timing:
-    """Validate when a schedule fires; ``InvalidSchedule`` names the field."""
+    """Validate when a schedule fires; ``InvalidSchedule`` names the (first) field."""
+    problems = timing_problems(cron, interval_seconds, timezone)
+    if problems:
+        raise problems[0]
+    cron = (cron or "").strip()
+    return Timing(cron, None if cron else interval_seconds, ZoneInfo(timezone))
+
+
+def timing_problems(cron: str, interval_seconds: int | None,
+                    timezone: str) -> list[InvalidSchedule]:
+    """Everything wrong with when a schedule fires, each naming its field, so a form can show
+    every problem at once (an empty list: ``timing`` accepts these)."""
+    problems = []
     try:
-        zone = ZoneInfo(timezone)
+        ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise InvalidSchedule("timezone", f"{timezone!r} is not a time zone name "
-                              "(e.g. UTC, Europe/Berlin)") from None
+        problems.append(InvalidSchedule("timezone", f"{timezone!r} is not a time zone name "
+                                        "(e.g. UTC, Europe/Berlin)"))
     cron = (cron or "").strip()
     if bool(cron) == (interval_seconds is not None):
-        raise InvalidSchedule("cron", "give either a cron expression or an interval, not both "
-                              "and not neither")
+        problems.append(InvalidSchedule("cron", "give either a cron expression or an interval, "
+                                        "not both and not neither"))
     if cron:
         if len(cron) > 100:
-            raise InvalidSchedule("cron", "longer than 100 characters")
-        fields = cron.split()
-        if not (cron.lower() in CRON_ALIASES or len(fields) == 5) or not croniter.is_valid(cron):
-            raise InvalidSchedule("cron", f"{cron!r} is not a cron expression of five fields "
-                                  "(minute hour day month weekday) or one of "
-                                  + ", ".join(sorted(CRON_ALIASES)))
-        return Timing(cron, None, zone)
-    if isinstance(interval_seconds, bool) or not isinstance(interval_seconds, int) or not (
-            MIN_INTERVAL_SECONDS <= interval_seconds <= MAX_INTERVAL_SECONDS):
-        raise InvalidSchedule("interval_seconds", f"an interval is a whole number of seconds "
-                              f"from {MIN_INTERVAL_SECONDS} to {MAX_INTERVAL_SECONDS}")
-    return Timing("", interval_seconds, zone)
+            problems.append(InvalidSchedule("cron", "longer than 100 characters"))
+        elif not (cron.lower() in CRON_ALIASES or len(cron.split()) == 5) \
+                or not croniter.is_valid(cron):
+            problems.append(InvalidSchedule(
+                "cron", f"{cron!r} is not a cron expression of five fields (minute hour day "
+                "month weekday) or one of " + ", ".join(sorted(CRON_ALIASES))))
+    if interval_seconds is not None and (
+            isinstance(interval_seconds, bool) or not isinstance(interval_seconds, int)
+            or not MIN_INTERVAL_SECONDS <= interval_seconds <= MAX_INTERVAL_SECONDS):
+        problems.append(InvalidSchedule("interval_seconds", f"an interval is a whole number of "
+                                        f"seconds from {MIN_INTERVAL_SECONDS} to "
+                                        f"{MAX_INTERVAL_SECONDS}"))
+    return problems
 
 
 def schedule_timing(schedule: Schedule) -> Timing:

@@ -3,14 +3,25 @@ it."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from runtime.approvals.rules import (
+    Decision,
+    approval_edit_refusal,
+    approval_edit_tool,
+    approval_request_intact,
+    approval_resolvable,
+    decision_refusal,
+    four_eyes_blocks,
+)
 from runtime.approvals.rules import approval_decisions as approval_decisions  # re-exported
+from runtime.approvals.rules import approval_editable as approval_editable
 from runtime.approvals.rules import approval_past_deadline as approval_past_deadline
-from runtime.approvals.rules import approval_request_intact, approval_resolvable
+from runtime.canonical import dumps
+from runtime.conf import setting
 from runtime.models import (
     Approval,
     ApprovalKind,
@@ -32,8 +43,10 @@ def pending(kind: str | None = None, agent: str | None = None) -> QuerySet[Appro
 
 
 # The queue shows these columns of an approval, its run and its step; nothing else is loaded.
+# ``status``, ``digest`` and the run's ``created_by`` let a row be put in a batch (the rules
+# judge who may decide it, and the batch names the request shown by its digest).
 QUEUE_FIELDS = ("id", "kind", "tool", "effect", "title", "created_at", "expires_at", "run_id",
-                "step_id", "run__agent", "step__index")
+                "step_id", "run__agent", "step__index", "status", "digest", "run__created_by")
 
 
 # The queue's orders, by their ``?sort=`` value: oldest first (the default), or the approvals
@@ -61,6 +74,34 @@ def approval_queue(kind: str | None = None, agent: str | None = None,
     else:
         rows = list(qs[: limit + 1])
     return rows[:limit], len(rows) > limit
+
+
+def approval_batchable(approval: Approval, by: str, now: datetime | None = None) -> bool:
+    """Whether ``by`` may put ``approval`` in a batch decision now: the rules let them at least
+    end it (pending, within its deadline). Whether they may also allow it (four-eyes, an intact
+    request) is judged per item when the batch is decided, and the refusal names it."""
+    return decision_refusal(approval, Decision.REJECT, by, now) is None
+
+
+# A deadline closer than this is shown emphasised, even when it is before any warning.
+DEADLINE_NEAR = timedelta(hours=1)
+
+
+def approval_deadline_urgency(approval: Approval, now: datetime) -> str:
+    """How close ``approval``'s deadline is, for the queue to mark it: "urgent" once the
+    channels' warning point is passed (``APPROVAL_WARN_BEFORE``), "near" within an hour,
+    otherwise (or without a deadline) ""."""
+    if approval.expires_at is None:
+        return ""
+    left = approval.expires_at - now
+    if left <= timedelta(seconds=float(setting("APPROVAL_WARN_BEFORE") or 0)):
+        return "urgent"
+    return "near" if left <= DEADLINE_NEAR else ""
+
+
+def approval_four_eyes_blocked(approval: Approval, by: str) -> bool:
+    """Whether four-eyes bars ``by`` from allowing ``approval`` (they started its run)."""
+    return four_eyes_blocks(approval, by)
 
 
 def approvals_after(after: tuple[datetime, int] | None, limit: int) -> tuple[list[Approval], bool]:
@@ -134,3 +175,37 @@ def approval_notifications(approval: Approval) -> list[Any]:
     return list(Notification.objects.filter(approval_id=approval.pk).order_by("pk").only(
         "event", "channel", "kind", "target", "status", "attempts", "created_at",
         "delivered_at", "last_error", "next_attempt_at"))
+
+
+def approval_edit_schema(approval: Approval) -> dict[str, Any] | None:
+    """The JSON schema of the arguments of ``approval``'s tool, which an edit must pass (a
+    form is built from it), or None when its request may not be edited."""
+    tool, _why = approval_edit_tool(approval)
+    return None if tool is None else tool.json_schema()
+
+
+def approval_edit_note(approval: Approval) -> str:
+    """Why ``approval``'s request may not be edited before it is allowed (its page says so
+    for a pending policy approval); "" when it may."""
+    return approval_edit_refusal(approval)
+
+
+def approval_edit(approval: Approval) -> dict[str, Any] | None:
+    """What a person changed of an allowed policy call: who, the proposed and the effective
+    request and digests, and each top-level field that differs (``was``/``now`` say whether
+    it was there before and after); None when nobody edited it."""
+    if not approval.edited_by:
+        return None
+    proposed = approval.arguments if isinstance(approval.arguments, dict) else {}
+    effective = (approval.effective_arguments
+                 if isinstance(approval.effective_arguments, dict) else {})
+    changes = []
+    for name in sorted(proposed.keys() | effective.keys()):
+        if name in proposed and name in effective and (
+                dumps(proposed[name]) == dumps(effective[name])):
+            continue
+        changes.append({"field": name, "was": name in proposed, "from": proposed.get(name),
+                        "now": name in effective, "to": effective.get(name)})
+    return {"by": approval.edited_by, "proposed": approval.arguments,
+            "effective": approval.effective_arguments, "proposed_digest": approval.digest,
+            "effective_digest": approval.effective_digest, "changes": changes}

@@ -48,12 +48,15 @@ class EventKind(StrEnum):
     LLM_RESPONDED = "llm.responded"
     LLM_FAILED = "llm.failed"
     APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_EDITED = "approval.edited"  # a policy call's arguments changed before allowing
     APPROVAL_GRANTED = "approval.granted"
     APPROVAL_REJECTED = "approval.rejected"
     APPROVAL_RESOLVED = "approval.resolved"
     APPROVAL_CONSUMED = "approval.consumed"
     APPROVAL_CANCELLED = "approval.cancelled"
     APPROVAL_EXPIRED = "approval.expired"
+    APPROVAL_WARNED = "approval.warned"  # its deadline is near: the people told were warned
+    APPROVAL_ESCALATED = "approval.escalated"  # nearer still: a second channel or group told
     RECONCILE_DECIDED = "reconcile.decided"
     POLICY_DENIED = "policy.denied"
     SIDE_EFFECT_AUTO_CONFIRMED = "side_effect.auto_confirmed"

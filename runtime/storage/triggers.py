@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 APPEND_ONLY_TABLES = ("runtime_event", "runtime_runcreation", "runtime_auditcheckpoint",
-                      "runtime_scheduleevent", "runtime_pruning", "runtime_prunedrun")
+                      "runtime_scheduleevent", "runtime_pruning", "runtime_prunedrun",
+                      "runtime_auditexport")
 
 # The one DELETE the triggers let through (migration 0014): an event of a run entered in
 # runtime_prunedrun, which `manage.py prune` writes in the transaction that archives the run

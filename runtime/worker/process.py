@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from django.db import connection
 
 from runtime.agents.agent import registry
+from runtime.approvals.deadlines import approvals_near_deadline
 from runtime.approvals.expiry import approvals_expire
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.conf import setting
@@ -286,8 +287,9 @@ class WorkerProcess:
     # -- claiming -----------------------------------------------------------------------------
 
     def _housekeep(self) -> None:
-        """Fire the schedules' due occurrences and expire approvals past their deadline (any
-        worker may: each is a compare-and-set, so two workers doing it at once do it once). A
+        """Fire the schedules' due occurrences, expire approvals past their deadline, and warn
+        of or escalate those near it (any worker may: each is a compare-and-set, so two
+        workers doing it at once do it once). A
         database fault goes to the loop's back-off; anything else is logged, never fatal."""
         if time.monotonic() < self._next_housekeeping:
             return
@@ -296,6 +298,7 @@ class WorkerProcess:
         try:
             fired = schedules_fire_due(now, agents=self.agents)
             expired = approvals_expire(now)
+            warned, escalated = approvals_near_deadline(now)
         except DATABASE_FAULTS:
             raise
         except Exception:
@@ -305,6 +308,9 @@ class WorkerProcess:
             log.info("worker %s: fired %d scheduled run(s): %s", self.owner, len(fired), fired)
         if expired:
             log.info("worker %s: %d approval(s) expired: %s", self.owner, len(expired), expired)
+        if warned or escalated:
+            log.info("worker %s: approval(s) near their deadline: warned %s, escalated %s",
+                     self.owner, warned, escalated)
 
     def _running(self) -> int:
         with self._lock:

@@ -1,6 +1,7 @@
 // The console's small behaviours. Moving and opening only: every decision still needs its
 // form's confirmation box ticked and its button pressed.
-//   queue:         j / k  move the selection,  o / Enter  open the selected approval
+//   queue:         j / k  move the selection,  o / Enter  open the selected approval,
+//                  x  tick it for a batch decision
 //   approval page: a / s / r  open the first, second or third decision's form,  Escape closes it
 // Ages ("3m 12s ago") keep counting between renders, and a field's old error goes once the
 // field is edited.
@@ -92,9 +93,11 @@
       case "j": move(1); handled = true; break;
       case "k": move(-1); handled = true; break;
       case "o": case "Enter": handled = openSelected(); break;
+      case "x": handled = tickSelected(); break;
       case "a": handled = openDecision("approve"); break;
       case "s": handled = openDecision("resolve"); break;
       case "r": handled = openDecision("reject"); break;
+      case "e": handled = openDecision("edit"); break;
     }
     if (handled) { event.preventDefault(); }
   });
@@ -103,6 +106,7 @@
   document.addEventListener("click", function (event) {
     var row = event.target.closest && event.target.closest("tr[data-queue-row]");
     if (!row) { return; }
+    if (event.target.closest("td.pick, input, label")) { return; }  // ticking, not opening
     if (event.target.closest("a")) {
       selectedId = row.getAttribute("data-id");
       remember();
@@ -146,7 +150,53 @@
   }
   window.setInterval(tick, 1000);
 
+  // Batch decisions: ticked boxes, a select-all, and how many are ticked. While any box is
+  // ticked (or a note typed) the queue's poll waits, so a refresh never drops a selection.
+  function picks() {
+    return Array.prototype.slice.call(document.querySelectorAll("input[data-pick]"));
+  }
+
+  function counted() {
+    var all = picks(), ticked = all.filter(function (p) { return p.checked; }).length;
+    var count = document.querySelector("[data-pick-count]");
+    if (count && all.length) {
+      count.textContent = ticked ? ticked + " of " + all.length + " selected (the list holds " +
+        "still until you decide or untick them)" :
+        "Tick the approvals to decide together; each is decided on the request shown.";
+    }
+    var every = document.querySelector("input[data-pick-all]");
+    if (every) {
+      every.checked = all.length > 0 && ticked === all.length;
+      every.indeterminate = ticked > 0 && ticked < all.length;
+    }
+  }
+
+  function tickSelected() {
+    var row = paint(false), box = row && row.querySelector("input[data-pick]");
+    if (!box) { return false; }
+    box.checked = !box.checked;
+    counted();
+    return true;
+  }
+
+  document.addEventListener("change", function (event) {
+    var t = event.target;
+    if (t.matches && t.matches("input[data-pick-all]")) {
+      picks().forEach(function (p) { p.checked = t.checked; });
+    }
+    if (t.matches && t.matches("input[data-pick], input[data-pick-all]")) { counted(); }
+  });
+
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (!elt || elt.id !== "queue-list") { return; }
+    var note = document.querySelector("#queue-list input[name=note]");
+    if (picks().some(function (p) { return p.checked; }) || (note && note.value)) {
+      event.preventDefault();  // the person is choosing: this poll waits for the next one
+    }
+  });
+
   // A poll replaces the queue list: keep the selection across swaps.
-  document.addEventListener("htmx:afterSwap", function () { paint(false); tick(); });
-  document.addEventListener("DOMContentLoaded", function () { paint(false); });
+  document.addEventListener("htmx:afterSwap", function () { paint(false); tick(); counted(); });
+  document.addEventListener("DOMContentLoaded", function () { paint(false); counted(); });
 })();

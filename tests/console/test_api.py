@@ -228,6 +228,50 @@ def test_already_decided_says_who_and_when(interrupted, token_for):
     assert granted(w.run.pk) == 1
 
 
+def test_already_decided_words_the_status_as_the_console_does(interrupted, token_for):
+    """The 409's message says what the console says ("approved to run once more, …"), not
+    the stored status ("approved", "consumed"); the machine-readable ``status`` stays."""
+    from console.wording import status_word
+
+    w = interrupted()
+    first, second = token_for("fay", *DECIDER), token_for("gus", *DECIDER)
+    path = f"/api/approvals/{w.approval.pk}/decide"
+    assert call("post", path, first, json=decide_body(w.approval)).status_code == 200
+    Approval.objects.filter(pk=w.approval.pk).update(status="consumed",
+                                                     consumed_at=timezone.now())
+    body = call("post", path, second, json=decide_body(w.approval, "reject", note="no")).json()
+    fresh = Approval.objects.get(pk=w.approval.pk)
+    assert body["status"] == "consumed"
+    assert f"({status_word(fresh)})" in body["message"], body["message"]
+    assert "consumed" not in body["message"] and "already decided by fay at " in body["message"]
+
+
+def test_every_error_under_api_is_json_with_a_code(interrupted, token_for):
+    """Unknown paths, a trailing slash too many or too few, a method a path does not serve:
+    JSON with a code, never the console's HTML 404 nor a redirect (APPEND_SLASH)."""
+    w = interrupted()
+    token = token_for("ian", *DECIDER)
+    for method, path, status, code, meant in [
+        ("get", "/api/approvals", 404, "not_found", "/api/approvals/"),
+        ("get", f"/api/approvals/{w.approval.pk}/", 404, "not_found",
+         f"/api/approvals/{w.approval.pk}"),
+        ("post", "/api/runs/", 404, "not_found", "/api/runs"),
+        ("get", "/api/nothing/here", 404, "not_found", None),
+        ("get", "/api/nothing/here", 404, "not_found", None),
+        ("post", "/api/approvals/", 405, "method_not_allowed", None),
+        ("delete", f"/api/approvals/{w.approval.pk}", 405, "method_not_allowed", None),
+    ]:
+        for who in (token, None):  # with and without a token: the same answer
+            response = call(method, path, who, json={} if method == "post" else None)
+            assert response.status_code == status, (method, path, response.content[:200])
+            assert response["Content-Type"].startswith("application/json"), path
+            body = response.json()
+            assert body["code"] == code and body["message"], body
+            assert body.get("url") == meant, body
+            if status == 405:
+                assert response["Allow"] in body["message"]
+
+
 def test_expired_is_already_decided(interrupted, token_for):
     w = interrupted()
     Approval.objects.filter(pk=w.approval.pk).update(
@@ -439,7 +483,7 @@ def test_schemathesis_against_a_live_server(server, interrupted, token_for):
     headers = {"Authorization": f"Bearer {token}"}
     checks = [not_a_server_error, response_schema_conformance]
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 6
+    assert len(operations) == 7
 
     seen: dict[str, set[int]] = {}
 
@@ -454,7 +498,7 @@ def test_schemathesis_against_a_live_server(server, interrupted, token_for):
 
         fuzz()
     assert server.proc.poll() is None
-    assert len(seen) == 6, seen
+    assert len(seen) == 7, seen
 
 
 @pytest.mark.slow

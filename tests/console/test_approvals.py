@@ -255,7 +255,8 @@ def test_second_decision_gets_409_already_decided_by_and_changes_nothing(
         assert response.status_code == 409
         html = response.content.decode()
         decided_at = Approval.objects.get(pk=w.approval.pk).decided_at
-        assert f"already decided by pat at\n          {decided_at:%Y-%m-%d %H:%M:%S} UTC" in html
+        assert re.search(rf"already decided by pat at\s+<time datetime=\"[^\"]+\">"
+                         rf"{decided_at:%Y-%m-%d %H:%M:%S} UTC</time>", html)
         assert "Nothing was changed." in html
     assert snapshot(w.run.pk) == before
 

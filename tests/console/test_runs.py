@@ -110,7 +110,17 @@ def test_failed_run_shows_its_failure(interrupted, operator):
         "decision": "reject", "reject-note": "no", "reject-confirm": "on"})
     html = operator.get(f"/runs/{w.run.pk}/").content.decode()
     assert 'data-testid="failure-code">rejected<' in html
-    assert 'data-testid="failure-message">olga rejected the call to send on step 1: no<' in html
+    assert 'data-testid="failure-message">run ended by olga: no<' in html  # the approval's words
+
+
+def test_a_denied_policy_call_reads_denied_on_the_run_page(policy_paused, operator):
+    """The run page words a policy check's refusal as its approval's page does ("denied by
+    olga"), not as the stored message does ("olga rejected")."""
+    w = policy_paused()
+    operator.post(f"/approvals/{w.approval.pk}/", {
+        "decision": "reject", "reject-note": "over the limit", "reject-confirm": "on"})
+    html = operator.get(f"/runs/{w.run.pk}/").content.decode()
+    assert 'data-testid="failure-message">denied by olga: over the limit<' in html
 
 
 def test_cancel_needs_the_permission_and_confirmation(interrupted, operator, viewer):

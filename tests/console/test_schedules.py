@@ -331,6 +331,24 @@ def test_bad_input_is_a_field_error_and_writes_nothing(manager, fields, field, m
     assert everything() == before
 
 
+def test_every_problem_is_shown_at_once_next_to_its_field(manager):
+    """Bad JSON, a bad cron expression given with an interval too, and an unknown zone: one
+    submit answers all four, each next to its field, and writes nothing."""
+    before = everything()
+    response = manager.post("/schedules/new/", create_form(
+        input="{not json", cron="every day", interval_seconds="60", timezone="Mars/Olympus"),
+        **HTMX)
+    assert response.status_code == 422
+    html = response.content.decode()
+    errors = {field: unescape(text) for field, text in re.findall(
+        r'data-testid="field-error-([a-z_]+)">(.*?)</span>', html, re.S)}
+    assert set(errors) == {"input", "cron", "timezone"}, errors
+    assert "Not valid JSON" in errors["input"]
+    assert "not both" in errors["cron"] and "is not a cron expression" in errors["cron"]
+    assert "is not a time zone name" in errors["timezone"]
+    assert everything() == before
+
+
 def test_an_empty_post_is_a_422_with_the_errors(manager):
     before = everything()
     response = manager.post("/schedules/new/")

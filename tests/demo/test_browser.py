@@ -16,7 +16,7 @@ from runtime.testkit import CrashPoint
 from tests.console.browser import Server, shot
 from tests.console.conftest import PASSWORD
 from tests.demo.test_demo import demo
-from tests.demo.test_views import interrupted_refund
+from tests.demo.test_views import interrupted_mail, interrupted_refund
 
 pytestmark = pytest.mark.slow
 
@@ -85,6 +85,26 @@ def test_the_outside_world_on_a_phone_links_back_to_the_approval(demo_world, log
     shot(page, "demo-world-390.png")
     refund.get_by_test_id("approval-link").click()
     expect(page).to_have_url(re.compile(rf"/approvals/{approval.pk}/$"))
+
+
+def test_a_mail_lookup_that_finds_nothing_says_so_and_leads_back(demo_world, log_in):
+    """The outside-world link of an interrupted send that never left: the page says no mail
+    went out under the key and offers the way back to the approval, on a phone too."""
+    approval = interrupted_mail(demo_world)
+    User.objects.create_user("olga", password=PASSWORD).user_permissions.add(
+        Permission.objects.get(codename="view_run", content_type__app_label="runtime"))
+    page = log_in("olga")
+    for width, name in ((1280, "desktop"), (390, "phone")):
+        page.set_viewport_size({"width": width, "height": 844})
+        page.goto(f"/approvals/{approval.pk}/")
+        page.click("[data-testid=check-outside]")
+        expect(page.get_by_test_id("no-mail")).to_contain_text(
+            "no send with it reached the mail server")
+        width_now = page.evaluate("document.documentElement.scrollWidth")
+        assert width_now <= width, f"/demo/world/ is {width_now}px wide at {width}"
+        shot(page, f"demo-world-nothing-{name}.png")
+        page.get_by_test_id("key-origin").get_by_test_id("approval-link").click()
+        expect(page).to_have_url(re.compile(rf"/approvals/{approval.pk}/$"))
 
 
 def test_a_notification_reaches_the_demo_chat_over_http(demo_world, log_in, server, settings):

@@ -40,6 +40,11 @@ def test_the_demo_fills_the_queue_with_real_approvals_of_both_kinds(tmp_path, de
     user = get_user_model().objects.get(username="operator")
     assert user.check_password("correct horse battery")
     assert user.has_perm("runtime.decide_approval")
+    # In the operators group (schedules too), and allowed the README's API steps.
+    assert list(user.groups.values_list("name", flat=True)) == ["operators"]
+    assert user.has_perm("runtime.view_schedule") and user.has_perm("runtime.manage_schedule")
+    assert user.has_perm("console.add_apitoken") and user.has_perm("runtime.add_run")
+    assert "manage.py apitoken create operator --name try-the-api" in first.stdout
 
     waiting = list(pending())
     assert {"interrupted_side_effect", "policy"} <= {a.kind for a in waiting}

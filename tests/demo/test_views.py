@@ -63,7 +63,35 @@ def test_a_refund_that_never_reached_the_provider_shows_nothing_under_its_key(op
                                                                              tmp_path):
     approval = interrupted_refund(tmp_path, CrashPoint.AFTER_TOOL_DISPATCHED)  # never sent
     html = operator.get("/demo/world/", {"key": approval.step.idempotency_key}).content.decode()
-    assert "No refund recorded under this key" in html
+    assert "The provider received no request under this key" in html
+    assert "did not take effect" not in html  # it says what it knows: nothing arrived
+    back = re.search(r'<p data-testid="key-origin">(.*?)</p>', html, re.S)
+    assert back and f'href="/approvals/{approval.pk}/"' in back.group(1), html[-3000:]
+
+
+def interrupted_mail(tmp_path) -> Approval:
+    """A refund run whose mail to the customer was interrupted before it left."""
+    kit = InProcessKit(tmp_path / "unused-ledger.jsonl")
+    with registry.override(*AGENTS):
+        small = next(o for o in world.order_ids()
+                     if world.lookup_order(o)["amount_cents"] <= 15000)
+        run = kit.start("refund-desk", {"order_id": small})
+        kit.crash(run, Crash(CrashPoint.AFTER_TOOL_STARTED, step_index=3))
+        kit.take_over(run)
+    approval = Approval.objects.get(run_id=run, status="pending")
+    assert approval.tool == "send_email"
+    return approval
+
+
+def test_a_mail_that_never_reached_the_server_says_so_and_leads_back(operator, tmp_path):
+    """An interrupted send looked up by its key: nothing at the mail server means no mail went
+    out with it; the page says that, and links back to the approval that asked."""
+    approval = interrupted_mail(tmp_path)
+    html = operator.get("/demo/world/", {"key": approval.step.idempotency_key}).content.decode()
+    no_mail = re.search(r'<p data-testid="no-mail">(.*?)</p>', html, re.S)
+    assert no_mail and "no send with it reached the mail server" in no_mail.group(1)
+    back = re.search(r'<p data-testid="key-origin">(.*?)</p>', html, re.S)
+    assert back and f'href="/approvals/{approval.pk}/"' in back.group(1)
 
 
 def test_the_world_page_escapes_what_it_shows_and_needs_a_login(operator, sqlite_path):
@@ -86,7 +114,8 @@ def test_the_world_page_answers_before_the_demo_ever_ran(
     user.user_permissions.add(Permission.objects.get(codename="view_run"))
     client.force_login(User.objects.get(pk=user.pk))
     page = client.get("/demo/world/", {"key": "run1-step2-abc"})
-    assert page.status_code == 200 and "No refund recorded under this key" in page.content.decode()
+    assert page.status_code == 200
+    assert "The provider received no request under this key" in page.content.decode()
 
 
 def _cents(cents: int) -> str:

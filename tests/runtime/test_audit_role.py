@@ -45,8 +45,8 @@ def test_the_printed_grants_are_the_applied_ones(database, app_role):
     assert f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{app_role}";' \
         in printed
     assert "REVOKE UPDATE, DELETE, TRUNCATE ON runtime_event, runtime_runcreation, " \
-        "runtime_auditcheckpoint, runtime_scheduleevent, runtime_pruning, runtime_prunedrun " \
-        f'FROM "{app_role}";' in printed
+        "runtime_auditcheckpoint, runtime_scheduleevent, runtime_pruning, runtime_prunedrun, " \
+        f'runtime_auditexport FROM "{app_role}";' in printed
 
 
 def test_an_application_role_runs_everything_and_cannot_touch_the_audit_log(database, app_role,

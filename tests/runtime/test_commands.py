@@ -58,6 +58,26 @@ def test_startrun_queues_a_run_and_waits_for_a_worker(sqlite_path, spawn):
     assert "Hello, Ada!" in waited.stdout
 
 
+def test_startrun_wait_prints_the_approvals_address_when_the_run_waits(sqlite_path, spawn,
+                                                                       tmp_path):
+    """The README's own agent asks before a refund above 150.00: ``startrun --wait`` ends
+    with exit status 3 and the address where a person decides."""
+    from tests.demo.test_readme_walk import readme_agent
+
+    readme_agent(tmp_path / "mine")
+    env = {"RUNTIME_AGENTS": "myapp.agents.refunds", "PYTHONPATH": str(tmp_path / "mine"),
+           "RUNTIME_APPROVAL_URL": "https://console.example.com/approvals/{id}/"}
+    spawn("--poll-interval", "0.05", env=env)
+    waited = _manage(sqlite_path, "startrun", "refunds", "--input", '{"order_id": 1001}',
+                     "--wait", "--timeout", "50", **env)
+    assert waited.returncode == 3, waited.stdout + waited.stderr
+    with sqlite3.connect(sqlite_path) as conn:
+        (approval_id,) = conn.execute("SELECT id FROM runtime_approval WHERE status='pending'"
+                                      ).fetchone()
+    assert (f"approval {approval_id} waits for a person (Refund 249.00?): "
+            f"https://console.example.com/approvals/{approval_id}/") in waited.stdout
+
+
 def test_startrun_refuses_bad_json_unknown_agents_and_bad_input_writing_nothing(sqlite_path):
     for args, message in [(("hello", "--input", "[1,"), "--input is not valid JSON"),
                           (("nobody",), "unknown agent 'nobody'"),

@@ -23,10 +23,10 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Group, Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from demo import world
 from runtime import conf
@@ -40,6 +40,10 @@ from runtime.models import Approval, ApprovalStatus, Run, RunStatus
 SIDE_EFFECT_POINTS = [("after_tool_started", 2), ("after_tool_dispatched", 2),
                       ("after_tool_effect", 2), ("after_tool_started", 3),
                       ("after_tool_effect", 3)]
+# Given to the demo's operator besides the operators group.
+DEMO_EXTRA_RUNTIME = ["manage_schedule", "add_run"]
+DEMO_EXTRA_CONSOLE = ["view_apitoken", "add_apitoken", "change_apitoken"]
+TOKEN_COMMAND = ".venv/bin/python manage.py apitoken create operator --name try-the-api"
 REASONS = ["arrived broken", "never arrived", "wrong size", "changed my mind", "double charged"]
 
 
@@ -118,12 +122,16 @@ class Command(BaseCommand):
                               f"{shown} (shown once)")
         else:
             self.stdout.write("operator account: operator (password as set before)")
+        # The operators group (runtime migrations 0008, 0011) gives what an operator of a
+        # deployment has; the demo's one account may also try what people are given one by
+        # one there: schedules, starting runs and its own API tokens (the README's steps).
+        user.groups.add(Group.objects.get(name="operators"))
         user.user_permissions.add(*Permission.objects.filter(
-            content_type__app_label="runtime",
-            codename__in=["decide_approval", "cancel_run", "view_run", "view_step",
-                          "view_event", "view_approval", "view_worker"]))
+            Q(content_type__app_label="runtime", codename__in=DEMO_EXTRA_RUNTIME)
+            | Q(content_type__app_label="console", codename__in=DEMO_EXTRA_CONSOLE)))
         self.stdout.write(f"database: {settings.DATABASES['default']['NAME']}; outside world: "
                           f"{world.world_dir()}")
+        self.stdout.write(f"an API token for operator: {TOKEN_COMMAND} (prints it once)")
 
     def queue(self, runs: int) -> None:
         orders = world.order_ids()

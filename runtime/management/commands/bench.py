@@ -9,6 +9,9 @@ there, against SQLite measured in the same run (``runtime.benchkit.postgres``).
 the admin's pages on 100,000 runs, 10,000 pending approvals, 1,000,000 events and a 5,000-step
 run, each page's server time (p50, p95), queries and size (``runtime.benchkit.pages``).
 
+``--export`` is another: the audit export's speed and peak memory on 100,000 and 1,000,000
+events (``runtime.benchkit.export``).
+
 ``--inflight`` is another: real ``runworker`` processes with 1 to 256 runs in flight whose LLM
 answers after 100 ms, the same with no wait, and 1, 2, 4 processes, measured from the database
 (``runtime.benchkit.inflight``).
@@ -30,7 +33,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connections
 
-from runtime.benchkit import inflight, postgres, report, scale, workers
+from runtime.benchkit import export, inflight, postgres, report, scale, workers
 from runtime.benchkit.ceiling import ceiling
 from runtime.benchkit.db import bench_database, point_default_at, use_database
 from runtime.benchkit.floor import cpu_scaling, floor
@@ -82,6 +85,10 @@ class Command(BaseCommand):
         parser.add_argument("--inflight", action="store_true",
                             help="only the in-flight section: runworker with 1 to 256 runs in "
                                  "flight (LLM 100 ms), no wait, and 1, 2, 4 processes")
+        parser.add_argument("--export", action="store_true",
+                            help="only the audit export section: 100,000 and 1,000,000 events "
+                                 "exported, events/s and peak memory (--quick: 20,000 and "
+                                 "100,000)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         quick, self.verbosity = opts["quick"], opts["verbosity"]
@@ -93,6 +100,10 @@ class Command(BaseCommand):
             results = self.measure_console(QUICK if quick else FULL, quick,
                                            opts["keep"])
             render = report.render_console
+        elif opts["export"]:
+            with bench_database(keep=opts["keep"]):
+                results = export.measure(quick, self.step)
+            render = export.render
         elif opts["inflight"]:
             with bench_database(keep=opts["keep"]) as path:
                 results = inflight.measure(path, quick, self.step, cpu=opts["worker_cpu"])

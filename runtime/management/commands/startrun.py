@@ -12,7 +12,8 @@ from runtime.canonical import parse_json
 from runtime.errors import InvalidPayload, UnknownAgent
 from runtime.loop.control import start
 from runtime.management.commands.runagent import exit_with_outcome
-from runtime.models import TERMINAL_RUN_STATUSES, RunStatus
+from runtime.models import TERMINAL_RUN_STATUSES, Approval, ApprovalStatus, RunStatus
+from runtime.notifications.channels import approval_link
 
 
 class Command(BaseCommand):
@@ -50,4 +51,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"run {run.pk}: still {run.status} after {opts['timeout']}s")
                 sys.exit(4)
             time.sleep(0.1)  # polling the database for the run's state, bounded
+        if run.status == RunStatus.WAITING:
+            for approval in Approval.objects.filter(
+                    run=run, status=ApprovalStatus.PENDING).order_by("pk"):
+                self.stdout.write(f"run {run.pk}: approval {approval.pk} waits for a person "
+                                  f"({approval.title}): {approval_link(approval.pk)}")
         exit_with_outcome(self.stdout, run)

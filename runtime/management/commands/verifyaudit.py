@@ -3,6 +3,7 @@ audit record, and the runs archived by ``manage.py prune``."""
 
 from __future__ import annotations
 
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runtime.audit.check import audit_check
 from runtime.audit.checkpoint import checkpoint_load
+from runtime.audit.export import exports_problems
 from runtime.errors import AuditKeyError, CheckpointRefused
 from runtime.models import PrunedRun, Run
 from runtime.retention.record import prunings_problems
@@ -18,10 +20,10 @@ from runtime.retention.verify import archives_verify
 
 class Command(BaseCommand):
     help = ("Verify the audit record: the append-only triggers, the global chain of run "
-            "creations, every run's hash chain and rows replayed from its events, the record "
-            "of prunings, (with --checkpoint) that nothing before a signed checkpoint changed, "
-            "and (with --archive) the runs `manage.py prune` archived there. Exits non-zero on "
-            "any problem, each printed on one line.")
+            "creations, every run's hash chain and rows replayed from its events, the records "
+            "of prunings and exports, (with --checkpoint) that nothing before a signed "
+            "checkpoint changed, and (with --archive) the runs `manage.py prune` archived "
+            "there. Exits non-zero on any problem, each printed on one line.")
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--run", type=int, help="verify only this run's chain and rows")
@@ -55,7 +57,7 @@ class Command(BaseCommand):
         result = audit_check(run_id=run, checkpoint=doc, report=self.stderr.write,
                              progress=self.stdout.write if verbose else None)
         problems = result.problems
-        for line in prunings_problems():
+        for line in chain(prunings_problems(), exports_problems()):
             problems += 1
             self.stderr.write(line)
         tail = f"; checkpoint #{result.checkpoint} holds" if result.checkpoint else ""

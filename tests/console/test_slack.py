@@ -1,0 +1,322 @@
+"""Deciding from Slack (console/slack.py) against a local fake of Slack: a signed button press
+decides once, through the runtime, as the mapped console user; every refusal (a bad signature,
+an old timestamp, an unmapped user, a user without the permission, the run's starter under
+four-eyes, a stale digest) changes nothing and says why; the message is updated for everyone;
+two people pressing at once give one decision and one "already ... by"."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from console import slack as endpoint
+from console import wording
+from runtime import (
+    Agent,
+    Allow,
+    FinalAnswer,
+    RequireApproval,
+    ScriptedLLM,
+    ToolCall,
+    crashpoints,
+    resume,
+    start,
+)
+from runtime.agents.agent import registry
+from runtime.approvals.rules import Decision
+from runtime.canonical import request_digest
+from runtime.crashpoints import CrashPoint
+from runtime.models import Approval, Event, Notification
+from runtime.notifications import slack as words
+from runtime.notifications.delivery import outbox_deliver_due
+from tests import kit
+from tests.kit import Background, Ledger, events, make_tools, verifyaudit
+from tests.slack_fake import SECRET, TOKEN, FakeSlack, buttons_of, press, signed, submit
+
+pytestmark = pytest.mark.engines
+
+CHANNEL = "C0APPROVALS"
+URL = "/slack/interactions"
+PEOPLE = {"U0OLGA": "olga", "U0PETE": "pete", "U0VIC": "victor", "U0SAM": "sam"}
+
+
+@pytest.fixture
+def slack(settings, database, clock, monkeypatch) -> Iterator[FakeSlack]:
+    fake = FakeSlack()
+    settings.RUNTIME = {**settings.RUNTIME, "SLACK_BOT_TOKEN": TOKEN, "SLACK_API_URL": fake.url,
+                        "SLACK_SIGNING_SECRET": SECRET, "SLACK_USERS": PEOPLE,
+                        "FOUR_EYES": True,
+                        "NOTIFY": [{"name": "ops", "kind": "slack_app", "target": CHANNEL}]}
+    monkeypatch.setattr(endpoint, "clock", clock)
+    for name in ("olga", "pete", "sam"):
+        _user(name, "view_run", "decide_approval")
+    _user("victor", "view_run")
+    yield fake
+    fake.close()
+
+
+def _user(name: str, *perms: str) -> None:
+    user = User.objects.create_user(name)
+    for perm in perms:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="runtime",
+                                                         codename=perm))
+
+
+def charge_policy(request, run):
+    return RequireApproval("Charge a card?", "") if request.tool == "charge" else Allow()
+
+
+@pytest.fixture
+def ledger(tmp_path) -> Ledger:
+    return Ledger(tmp_path / "ledger")
+
+
+@pytest.fixture
+def posted(slack, clock, ledger) -> Iterator[Any]:
+    """A run started by sam, paused by its policy before ``charge``; its Slack message
+    posted. Returns (approval, message)."""
+    agent = Agent("slk", ScriptedLLM([ToolCall("charge", {"amount": 9}), FinalAnswer("done")]),
+                  make_tools(ledger), policy=charge_policy)
+
+    def make() -> tuple[Approval, dict[str, Any]]:
+        run = resume(start("slk", {}, created_by="sam", clock=clock).pk, clock=clock,
+                     lease_seconds=5)
+        assert run.status == "waiting"
+        assert outbox_deliver_due(clock) == 1
+        approval = Approval.objects.get(run_id=run.pk)
+        return approval, slack.calls_to("chat.postMessage")[-1]
+
+    with registry.override(agent):
+        yield make
+
+
+@pytest.fixture
+def interrupted(slack, clock, ledger) -> Iterator[Any]:
+    """A run whose ``send`` went out and was interrupted; its Slack message posted."""
+    agent = Agent("slk-send", ScriptedLLM([ToolCall("send", {"to": "ops@example.com"}),
+                                           FinalAnswer("done")]), make_tools(ledger))
+
+    def arm(point, step_index):
+        crashpoints.arm([crashpoints.Arm(point, step_index)])
+
+    def make() -> tuple[Approval, dict[str, Any]]:
+        run = start("slk-send", {}, clock=clock)
+        kit.crash_then_take_over(run.pk, clock, arm, CrashPoint.AFTER_TOOL_EFFECT, 1)
+        outbox_deliver_due(clock)
+        approval = Approval.objects.get(run_id=run.pk, status="pending")
+        return approval, slack.calls_to("chat.postMessage")[-1]
+
+    with registry.override(agent):
+        yield make
+
+
+def send(payload: dict[str, Any], clock, *, age: int = 0, secret: str = SECRET,
+         client: Client | None = None) -> Any:
+    stamp = int(clock.now().timestamp()) - age
+    return (client or Client()).post(URL, **signed(payload, stamp, secret))
+
+
+def unchanged(approval: Approval) -> None:
+    """Nothing was decided: the approval waits, its run has no decision event, no outcome was
+    enqueued."""
+    fresh = Approval.objects.get(pk=approval.pk)
+    assert (fresh.status, fresh.decided_by) == ("pending", "")
+    assert Event.objects.filter(run_id=approval.run_id, kind__in=(
+        "approval.granted", "approval.rejected", "approval.resolved")).count() == 0
+    assert not Notification.objects.filter(approval_id=approval.pk,
+                                           event="approval.decided").exists()
+
+
+def test_a_signed_press_decides_once_and_the_message_is_updated(slack, posted, clock):
+    approval, message = posted()
+    assert "Four-eyes: sam started this run" in json.dumps(message["blocks"])
+    reply = send(press(message, "approve", "U0OLGA", slack.response_url()), clock)
+    assert reply.status_code == 200
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by, approval.decided_at) == (
+        "approved", "olga", clock.now())
+    assert len(events(approval.run_id, "approval.granted")) == 1
+    (said,) = slack.said()
+    assert said.startswith("Done: allowed by olga at")
+    assert outbox_deliver_due(clock) == 1  # the outcome, to the channel
+    (update,) = slack.calls_to("chat.update")
+    now = slack.messages[(update["channel"], update["ts"])]
+    assert buttons_of(now) == {} and "Allowed by olga at" in json.dumps(now["blocks"])
+    # Pressed again, by someone else, on the message still showing buttons on their screen.
+    send(press(message, "approve", "U0PETE", slack.response_url(2)), clock)
+    assert slack.said()[1].startswith("Already allowed by olga at")
+    assert len(events(approval.run_id, "approval.granted")) == 1
+    assert verifyaudit().startswith("ok:")
+
+
+def _stale(message: dict[str, Any], approval: Approval) -> str:
+    """The button of a message about another request (the same approval, other arguments)."""
+    return json.dumps({"approval": approval.pk, "digest": request_digest(
+        approval.tool, {"amount": 9000}, approval.effect)})
+
+
+@pytest.mark.parametrize("case,status,answer", [
+    ("bad signature", 401, "not signed with this app's signing secret"),
+    ("old timestamp", 401, "more than five minutes"),
+    ("unmapped user", 200, "is not mapped to a console user"),
+    ("no permission", 200, "victor may not decide approvals"),
+    ("four-eyes", 200, "You started run"),
+    ("stale digest", 200, "its digest differs"),
+])
+def test_each_refusal_changes_nothing_and_says_why(slack, posted, clock, case, status, answer):
+    approval, message = posted()
+    user = {"unmapped user": "U0NOBODY", "no permission": "U0VIC", "four-eyes": "U0SAM"}.get(
+        case, "U0OLGA")
+    payload = press(message, "approve", user, slack.response_url(),
+                    value=_stale(message, approval) if case == "stale digest" else None)
+    reply = send(payload, clock, age=301 if case == "old timestamp" else 0,
+                 secret="0" * 32 if case == "bad signature" else SECRET)
+    assert reply.status_code == status
+    if status == 401:  # Slack did not send it: nobody to tell but the sender
+        assert answer in reply.content.decode() and slack.said() == []
+    else:  # told privately to the person who pressed
+        (said,) = slack.said()
+        assert answer in said and said.endswith("Nothing was changed.")
+    unchanged(approval)
+    assert outbox_deliver_due(clock) == 0 and slack.calls_to("chat.update") == []
+
+
+def test_the_starter_may_still_end_the_run_under_four_eyes(slack, posted, clock):
+    approval, message = posted()
+    send(press(message, "reject", "U0SAM", slack.response_url()), clock)
+    (opened,) = slack.calls_to("views.open")
+    assert opened["trigger_id"] == "trigger-U0SAM"
+    send(submit(opened["view"], "U0SAM", note="wrong customer"), clock)
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by, approval.note) == (
+        "rejected", "sam", "wrong customer")
+
+
+def test_recording_the_result_asks_for_it_in_a_form(slack, interrupted, clock, ledger):
+    approval, message = interrupted()
+    assert ledger.count("send") == 1  # the interrupted call went out once
+    send(press(message, "resolve", "U0OLGA", slack.response_url()), clock)
+    (opened,) = slack.calls_to("views.open")
+    view = opened["view"]
+    assert view["title"]["text"] == "Record the result"
+    assert [b.get("block_id") for b in view["blocks"]][1:] == ["result", "note"]
+    unchanged(approval)  # opening the form decides nothing
+    bad = send(submit(view, "U0OLGA", result="{not json"), clock)
+    assert bad.json()["response_action"] == "errors"
+    assert "Not valid JSON" in bad.json()["errors"]["result"]
+    unchanged(approval)
+    good = send(submit(view, "U0OLGA", result='{"sent": "ops@example.com"}', note="seen"), clock)
+    assert good.status_code == 200 and good.content == b""  # the form closes
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by, approval.result) == (
+        "resolved", "olga", {"sent": "ops@example.com"})
+    assert slack.said() == [f"Done: recorded as happened by olga at "
+                            f"{words.slack_time(clock.now())}. The message in the channel will "
+                            "show it to everyone."]
+    assert ledger.count("send") == 1  # recorded as happened, not called again
+
+
+def test_ending_the_run_needs_a_note(slack, interrupted, clock):
+    approval, message = interrupted()
+    send(press(message, "reject", "U0PETE", slack.response_url()), clock)
+    (opened,) = slack.calls_to("views.open")
+    empty = send(submit(opened["view"], "U0PETE", note="  "), clock)
+    assert empty.json() == {"response_action": "errors",
+                            "errors": {"note": "Required: why the run must stop."}}
+    unchanged(approval)
+
+
+def test_a_form_about_a_request_decided_meanwhile_says_who_decided(slack, interrupted, clock):
+    approval, message = interrupted()
+    send(press(message, "reject", "U0PETE", slack.response_url()), clock)
+    (opened,) = slack.calls_to("views.open")
+    send(press(message, "approve", "U0OLGA", slack.response_url(2)), clock)
+    late = send(submit(opened["view"], "U0PETE", note="stop"), clock)
+    assert "Already approved to run once more by olga at" in late.json()["errors"]["note"]
+    assert Approval.objects.get(pk=approval.pk).status == "approved"
+
+
+def test_two_people_pressing_at_once_give_one_decision(slack, posted, clock):
+    approval, message = posted()
+    together = threading.Barrier(2, timeout=30)
+
+    def pressing(user: str, n: int) -> Any:
+        payload = press(message, "approve", user, slack.response_url(n))
+        client = Client()
+        together.wait()
+        return send(payload, clock, client=client)
+
+    both = [Background(lambda u=u, n=n: pressing(u, n)) for n, u in
+            enumerate(("U0OLGA", "U0PETE"), 1)]
+    for b in both:
+        assert b.join().error is None and b.result.status_code == 200
+    approval.refresh_from_db()
+    winner = approval.decided_by
+    assert approval.status == "approved" and winner in ("olga", "pete")
+    assert len(events(approval.run_id, "approval.granted")) == 1
+    said = sorted(slack.said())
+    assert said[0].startswith(f"Already allowed by {winner} at")
+    assert said[1].startswith(f"Done: allowed by {winner} at")
+    assert verifyaudit().startswith("ok:")
+
+
+def test_without_a_signing_secret_there_is_no_endpoint(settings, database):
+    settings.RUNTIME = {**settings.RUNTIME, "SLACK_SIGNING_SECRET": ""}
+    assert Client().post(URL, data="payload=%7B%7D",
+                         content_type="application/x-www-form-urlencoded").status_code == 404
+
+
+def test_a_body_over_the_limit_is_refused(slack, clock):
+    payload = {"type": "block_actions", "padding": "x" * endpoint.MAX_BODY}
+    reply = send(payload, clock)
+    assert reply.status_code == 413
+
+
+def test_get_is_not_allowed(slack):
+    assert Client().get(URL).status_code == 405
+
+
+def test_slack_words_are_the_consoles(database):
+    for kind, buttons, confirm, submits in (
+            ("policy", words.POLICY_BUTTONS, words.POLICY_CONFIRM, words.POLICY_SUBMIT),
+            ("interrupted_side_effect", words.RERUN_BUTTONS, words.RERUN_CONFIRM,
+             words.RERUN_SUBMIT)):
+        choices = wording.choices(Approval(kind=kind))
+        assert set(choices) == set(buttons)
+        for d in choices:
+            assert (buttons[d], confirm[d], submits[d]) == (
+                choices[d].summary, choices[d].confirm, choices[d].button)
+    assert set(words.KIND_WORDS) == set(wording.KIND_WORDS) and all(
+        words.KIND_WORDS[k] == wording.KIND_WORDS[k] for k in wording.KIND_WORDS)
+    assert Decision.RESOLVE not in words.POLICY_BUTTONS
+
+
+def test_a_form_slack_would_not_open_says_so_and_decides_nothing(slack, interrupted, clock):
+    approval, message = interrupted()
+    slack.refuse("views.open", "expired_trigger_id")
+    send(press(message, "reject", "U0PETE", slack.response_url()), clock)
+    (said,) = slack.said()
+    assert "expired_trigger_id" in said and said.endswith("Nothing was changed.")
+    unchanged(approval)
+
+
+@pytest.mark.parametrize("payload", [
+    {"type": "block_actions", "actions": {"0": 1}, "user": "U0OLGA"},
+    {"type": "block_actions", "actions": [{"action_id": "approve", "value": "{}"}],
+     "user": {"id": "U0OLGA"}},
+    {"type": "block_actions", "actions": [{"action_id": "approve", "value": [1]}],
+     "user": {"id": "U0OLGA"}},
+    {"type": "view_submission", "view": {"private_metadata": "[]", "state": 3}},
+    {"type": "view_submission", "view": "x"},
+    {"type": "shortcut"},
+])
+def test_a_malformed_signed_payload_changes_nothing(slack, posted, clock, payload):
+    approval, _ = posted()
+    assert send(payload, clock).status_code == 200
+    unchanged(approval)
