@@ -188,7 +188,7 @@ def test_the_list_shows_when_and_what_and_the_latest_five_runs(manager, agents):
     assert "every 90 s" in poll and "enabled" in poll
     daily.refresh_from_db()
     stamp = f"{daily.authorized_at:%Y-%m-%d %H:%M:%S}"
-    assert f"authorized by ada at {stamp} UTC" in nightly
+    assert "authorized by ada at <time" in nightly and f">{stamp} UTC</time>" in nightly
     assert '<span class="status">off</span> asks a person' in poll
     shown = [int(i) for i in re.findall(r'href="/runs/(\d+)/"', nightly)]
     latest = list(Run.objects.filter(schedule=daily).order_by("-occurrence_at")
@@ -618,9 +618,9 @@ def test_an_expired_approval_is_in_the_history(paused, manager):
     history = manager.get(f"/runs/{p.run.pk}/")
     item = re.search(rf'href="/approvals/{approval.pk}/".*?</li>', history.content.decode(),
                      re.S).group(0)
-    assert "expired</span>" in item and f"at {when}" in item and " by " not in item
+    assert "expired</span>" in item and f">{when}</time>" in item and " by " not in item
     page = text(manager.get(f"/approvals/{approval.pk}/"))
-    assert f"Expired at {when}." in page and "decided by" not in page
+    assert f"Expired at {when}" in page and "decided by" not in page
     assert "Nobody decided before the deadline" in page
     assert "approval_expired" in page
     assert p.approval.pk not in [a.pk for a in manager.get("/").context["items"]]
