@@ -95,9 +95,7 @@ def _form(request: HttpRequest) -> tuple[Decision, list[tuple[int, str]], str]:
         decision = Decision(request.POST.get("decision", ""))
     except ValueError:
         raise _Invalid("Choose what to do with the selected approvals.") from None
-    if decision not in (Decision.APPROVE, Decision.REJECT):
-        raise _Invalid("Recording a result is done on each approval's own page, one at a "
-                       "time.")
+    # Which decisions a batch takes is the runtime's rule: it refuses the others, and says why.
     picks = request.POST.getlist("pick")
     if not picks:
         raise _Invalid("Tick at least one approval first.")
@@ -107,7 +105,7 @@ def _form(request: HttpRequest) -> tuple[Decision, list[tuple[int, str]], str]:
     items: list[tuple[int, str]] = []
     for pick in picks:
         pk, _, digest = pick.partition(".")
-        if not pk.isdigit() or len(pk) > 18 or not digest or len(digest) > DIGEST_MAX:
+        if not _is_id(pk) or not digest or len(digest) > DIGEST_MAX:
             raise _Invalid("A ticked approval was not understood; reload the queue.")
         items.append((int(pk), digest))
     note = request.POST.get("note", "")
@@ -124,8 +122,13 @@ def _form(request: HttpRequest) -> tuple[Decision, list[tuple[int, str]], str]:
 
 def _picked_ids(request: HttpRequest) -> set[int]:
     picks = request.POST.getlist("pick")[:BATCH_LIMIT]
-    return {int(pk) for pk, _, _ in (p.partition(".") for p in picks)
-            if pk.isdigit() and len(pk) <= 18}
+    return {int(pk) for pk, _, _ in (p.partition(".") for p in picks) if _is_id(pk)}
+
+
+def _is_id(text: str) -> bool:
+    """An approval id as a box sends it: ASCII digits only ("²" passes ``isdigit`` and fails
+    ``int``; an Arabic-Indic one would name approval 1), short enough for the database."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _refusals(exc: BatchRefused) -> list[Refusal]:

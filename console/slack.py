@@ -87,13 +87,18 @@ def interactions(request: HttpRequest) -> HttpResponse:
     stamp = request.headers.get("X-Slack-Request-Timestamp", "")
     try:
         age = abs(clock.now().timestamp() - int(stamp))
-    except ValueError:
+    except (ValueError, OverflowError):
         return _text("Refused: no valid X-Slack-Request-Timestamp.", 401)
     if age > MAX_AGE:
         return _text("Refused: the request's timestamp is more than five minutes away (a "
                      "replayed request?).", 401)
     verifier = SignatureVerifier(secret, clock=_Clock())
-    if not verifier.is_valid(body, stamp, request.headers.get("X-Slack-Signature", "")):
+    try:
+        text = body.decode("utf-8")  # what Slack signs is text; other bytes are not its
+    except UnicodeDecodeError:
+        text = None
+    signature = request.headers.get("X-Slack-Signature", "")
+    if text is None or not signature.isascii() or not verifier.is_valid(text, stamp, signature):
         return _text("Refused: the request is not signed with this app's signing secret.", 401)
     try:
         payload = json.loads(request.POST.get("payload", ""))
@@ -123,7 +128,11 @@ def _text(message: str, status: int) -> HttpResponse:
 def _person(payload: dict[str, Any]) -> AbstractBaseUser:
     """The console user the Slack user is mapped to, if they may decide."""
     slack_id = str(_dict(payload.get("user")).get("id") or "")[:40]
-    username = (setting("SLACK_USERS") or {}).get(slack_id)
+    mapping = setting("SLACK_USERS") or {}
+    username = mapping.get(slack_id) if isinstance(mapping, dict) else None
+    if not isinstance(mapping, dict) or not isinstance(username, str | None):
+        raise Refused("RUNTIME['SLACK_USERS'] is not a mapping of Slack user id to console "
+                      f"user name, so nobody can decide from Slack: ask an admin. {NOTHING}")
     if not username:
         raise Refused(f"Your Slack account ({escape(slack_id) or 'unknown'}) is not mapped to a "
                       "console user, so it cannot decide here: ask an admin to add your Slack "

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import transaction
 
 from runtime.approvals.decisions import (
+    DECIDE_ATTEMPTS,
     approval_load,
     decision_inputs,
     decision_lost,
@@ -53,6 +54,29 @@ def approvals_decide(items: Sequence[tuple[int, str]], decision: Decision | str,
     except InvalidDecision as exc:
         raise BatchRefused(exc.reason) from None
     now = now or SYSTEM_CLOCK.now()
+    for attempt in range(1, DECIDE_ATTEMPTS + 1):
+        try:
+            committed = _commit_batch(pairs, decision, by, note, now)
+            break
+        except BatchRefused as refused:
+            # Only runs whose chains moved beside their approvals (a deadline warning): plan
+            # the whole batch again on the new heads.
+            if attempt == DECIDE_ATTEMPTS or not refused.refusals or any(
+                    getattr(e, "reason_code", "") != "retry"
+                    for e in refused.refusals.values()):
+                raise
+    for one in committed:
+        log_events(one.rows)
+    if decision == Decision.APPROVE:
+        notify_ready()  # the runs are queued: once for the batch
+    fresh = Approval.objects.select_related("run", "step").in_bulk([pk for pk, _ in pairs])
+    return [fresh[pk] for pk, _ in pairs]
+
+
+def _commit_batch(pairs: list[tuple[int, str]], decision: Decision, by: str, note: str,
+                  now: datetime) -> list[Any]:
+    """Every item planned, then every plan committed in one transaction, or ``BatchRefused``
+    naming each refused item (nothing written)."""
     planned: list[tuple[Approval, Plan]] = []
     refusals: dict[int, AgentRuntimeError] = {}
     for pk, shown in pairs:
@@ -75,12 +99,7 @@ def approvals_decide(items: Sequence[tuple[int, str]], decision: Decision | str,
     except Refused:
         assert current is not None
         raise _lost(pairs, current, decision, by, now) from None
-    for one in committed:
-        log_events(one.rows)
-    if decision == Decision.APPROVE:
-        notify_ready()  # the runs are queued: once for the batch
-    fresh = Approval.objects.select_related("run", "step").in_bulk([pk for pk, _ in pairs])
-    return [fresh[pk] for pk, _ in pairs]
+    return committed
 
 
 def _batch_decision(decision: Decision | str) -> Decision:

@@ -59,6 +59,12 @@ def resolve(
     return approval_decide(approval_id, Decision.RESOLVE, by, note, result=result, now=now)
 
 
+# A waiting run's chain moves without its approval changing only for a note beside it (a
+# deadline warning, an escalation): the decision is planned again on the new head, its rules
+# and digest checked afresh, rather than told to try again.
+DECIDE_ATTEMPTS = 3
+
+
 def approval_decide(approval_id: int, decision: Decision | str, by: str, note: str = "", *,
                     result: Any = None, arguments: dict[str, Any] | None = None,
                     now: datetime | None = None) -> Approval:
@@ -72,12 +78,16 @@ def approval_decide(approval_id: int, decision: Decision | str, by: str, note: s
     decision, note, result = decision_inputs(approval_id, decision, by, note, result)
     arguments = edit_inputs(approval_id, decision, arguments)
     now = now or SYSTEM_CLOCK.now()
-    approval = approval_load(approval_id)
-    plan = decision_plan(approval, decision, by, note, result, now, arguments=arguments)
-    try:
-        committed = engine().commit(plan, SYSTEM_CLOCK)
-    except Refused:
-        raise decision_lost(approval, now) from None
+    for attempt in range(1, DECIDE_ATTEMPTS + 1):
+        approval = approval_load(approval_id)
+        plan = decision_plan(approval, decision, by, note, result, now, arguments=arguments)
+        try:
+            committed = engine().commit(plan, SYSTEM_CLOCK)
+            break
+        except Refused:
+            lost = decision_lost(approval, now)
+            if lost.reason_code != "retry" or attempt == DECIDE_ATTEMPTS:
+                raise lost from None
     log_events(committed.rows)
     if plan.run.get("status") == RunStatus.QUEUED:
         notify_ready()

@@ -41,9 +41,12 @@ EVENT_FIELDS = ("run", "seq", "step", "kind", "actor", "at", "payload", "hash")
 DECISION_FIELDS = ("approval", "run", "step", "tool", "effect", "digest", "effective_digest",
                    "edited_by", "kind", "status", "decided_by", "decided_at", "note",
                    "event_seq", "event_hash")
-# The events that record a decision (a person's, or the deadline's), naming its approval.
-DECISION_KINDS = ("approval.granted", "approval.rejected", "approval.resolved",
-                  "approval.expired")
+# The event that records each decided status (a person's decision, the deadline's, or a
+# cancellation, which also sets ``decided_at``), naming its approval.
+DECISION_KIND = {"approved": "approval.granted", "consumed": "approval.granted",
+                 "rejected": "approval.rejected", "resolved": "approval.resolved",
+                 "expired": "approval.expired", "cancelled": "approval.cancelled"}
+DECISION_KINDS = tuple(sorted(set(DECISION_KIND.values())))
 CHUNK = 2000  # rows read per query round-trip, and written per chunk of output
 MAX_ID = 2**63 - 1
 MAX_TIME_TEXT = 64
@@ -184,17 +187,18 @@ def _decided(batch: list[tuple], using: str, tally: Tally) -> Iterator[dict[str,
     """The batch's lines, each with the event that recorded the decision (one query)."""
     if not batch:
         return
-    recorded: dict[Any, tuple[int, str]] = {}
+    recorded: dict[tuple[Any, str], tuple[int, str]] = {}  # (approval, kind): the last one
     found = Event.objects.using(using).filter(
-        run_id__in={r[1] for r in batch}, kind__in=DECISION_KINDS).values_list(
-        "payload", "seq", "hash")
-    for payload, seq, hashed in found.iterator(chunk_size=CHUNK):
+        run_id__in={r[1] for r in batch}, kind__in=DECISION_KINDS).order_by(
+        "run_id", "seq").values_list("payload", "kind", "seq", "hash")
+    for payload, kind, seq, hashed in found.iterator(chunk_size=CHUNK):
         if isinstance(payload, dict) and "approval_id" in payload:
-            recorded[payload["approval_id"]] = (seq, hashed)
+            recorded[(payload["approval_id"], kind)] = (seq, hashed)
     for row in batch:
         line = dict(zip(DECISION_FIELDS, row, strict=False))
         line["decided_at"] = iso_time(row[11])
-        line["event_seq"], line["event_hash"] = recorded.get(row[0], (None, ""))
+        line["event_seq"], line["event_hash"] = recorded.get(
+            (row[0], DECISION_KIND.get(row[9], "")), (None, ""))
         tally.last_hash = line["event_hash"]
         yield line
 
@@ -227,14 +231,17 @@ def _cell(value: Any, name: str) -> Any:
 class ExportStream:
     """An export as chunks of text (iterate it once), recorded as an ``AuditExport`` when it
     ends: read to the end, or closed part-way (``close``, which a streaming response calls
-    when the client goes). ``record`` is then the row."""
+    when the client goes). ``record`` is then the row. With ``held``, an export read to the
+    end is recorded by ``finish`` instead, once the caller knows whether its bytes were kept
+    (a file is whole only when synced and renamed, after its last chunk was read)."""
 
     def __init__(self, what: str, fmt: str, filters: ExportFilters, by: str,
-                 now: datetime | None, using: str) -> None:
+                 now: datetime | None, using: str, held: bool = False) -> None:
         self.what, self.format, self.filters, self.by = what, fmt, filters, by
-        self.now, self.using = now, using
+        self.now, self.using, self.held = now, using, held
         self.tally = Tally()
         self.record: AuditExport | None = None
+        self._read_whole = False  # read to the end, its record held for ``finish``
         self._chunks = self._run()
 
     def __iter__(self) -> Iterator[str]:
@@ -242,6 +249,14 @@ class ExportStream:
 
     def close(self) -> None:
         self._chunks.close()
+
+    def finish(self, kept: bool) -> AuditExport | None:
+        """A held export's record: complete if it was read to the end and ``kept``. None when
+        it never started (it exported nothing)."""
+        self.close()
+        if self.record is None and self._read_whole:
+            self._record(complete=kept)
+        return self.record
 
     def _run(self) -> Generator[str, None, None]:
         complete = False
@@ -251,18 +266,25 @@ class ExportStream:
                 yield chunk
             complete = True
         finally:
-            self.record = export_record(
-                by=self.by, what=self.what, format=self.format,
-                filters=self.filters.as_dict(), tally=self.tally, complete=complete,
-                now=self.now or SYSTEM_CLOCK.now(), using=self.using)
+            if complete and self.held:
+                self._read_whole = True
+            else:
+                self._record(complete)
+
+    def _record(self, complete: bool) -> None:
+        self.record = export_record(
+            by=self.by, what=self.what, format=self.format, filters=self.filters.as_dict(),
+            tally=self.tally, complete=complete, now=self.now or SYSTEM_CLOCK.now(),
+            using=self.using)
 
 
 def audit_export_stream(*, what: str = "events", format: str = "csv",
                         filters: ExportFilters | None = None, by: str,
-                        now: datetime | None = None, using: str = "default") -> ExportStream:
-    """The export, streamed and recorded (``ExportStream``). Bad inputs are refused here,
-    before anything is read. A stream closed before its first chunk records nothing: it
-    exported nothing."""
+                        now: datetime | None = None, using: str = "default",
+                        held: bool = False) -> ExportStream:
+    """The export, streamed and recorded (``ExportStream``; ``held``: see there). Bad inputs
+    are refused here, before anything is read. A stream closed before its first chunk records
+    nothing: it exported nothing."""
     if what not in WHATS:
         raise ExportRefused("what", f"{str(what)[:40]!r} is not one of {', '.join(WHATS)}")
     if format not in FORMATS:
@@ -271,7 +293,7 @@ def audit_export_stream(*, what: str = "events", format: str = "csv",
     by = (by or "").strip()
     if not by or len(by) > LIMITS["by"]:
         raise ExportRefused("by", f"who exports is needed, at most {LIMITS['by']} characters")
-    return ExportStream(what, format, filters or ExportFilters(), by, now, using)
+    return ExportStream(what, format, filters or ExportFilters(), by, now, using, held)
 
 
 def audit_export(out: IO[str], *, what: str = "events", format: str = "csv",

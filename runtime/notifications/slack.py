@@ -112,7 +112,7 @@ def cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def arguments_text(arguments: Any) -> str:
+def arguments_text(arguments: Any, heading: str = "Arguments") -> str:
     """The arguments as the console shows them (indented JSON, keys sorted) in a code block,
     cut to a section's limit with a word saying so."""
     shown = escape(json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False,
@@ -121,7 +121,7 @@ def arguments_text(arguments: Any) -> str:
     if len(shown) > room:
         shown = shown[:room] + f"\n… ({len(shown) - room} characters more: the console shows " \
             "them all)"
-    return f"*Arguments*\n```{shown}```"
+    return f"*{heading}*\n```{shown}```"
 
 
 def _section(text: str) -> dict[str, Any]:
@@ -200,7 +200,7 @@ def slack_body(target: str, event: str, approval: Approval, link: str,
         f"{approval.title} - run {approval.run_id} ({approval.run.agent}), tool {approval.tool}"
     if event not in ("approval.requested", "approval.decided", "approval.expired"):
         said = said or f"{line}: {event}"
-        return {"channel": target, "text": cut(said, FALLBACK_LIMIT), "blocks": [
+        return {"channel": target, "text": cut(escape(said), FALLBACK_LIMIT), "blocks": [
             _section(f"{escape(said)} · <{link}|Open it in the console>")]}
     blocks = request_blocks(approval, link)
     if event == "approval.requested":
@@ -208,11 +208,18 @@ def slack_body(target: str, event: str, approval: Approval, link: str,
             blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": cut(
                 f"Four-eyes: {escape(approval.run.created_by)} started this run, so someone "
                 "else must let its side effect through; they may still end it.", 3000)}]})
-        return {"channel": target, "text": cut(f"{line}: waits for a decision", FALLBACK_LIMIT),
+        # The plain ``text`` is mrkdwn too: escaped, a title can neither ping nor link.
+        return {"channel": target, "text": cut(f"{escape(line)}: waits for a decision",
+                                               FALLBACK_LIMIT),
                 "blocks": [*blocks, action_block(approval)]}
     outcome = slack_outcome(approval)  # decided or expired
+    if approval.edited_by:  # it runs with other arguments than those shown above
+        outcome += f", with arguments edited by {approval.edited_by}"
+        blocks.append(_section(arguments_text(approval.effective_arguments,
+                                              "Arguments as allowed (edited)")))
     note = f"\n>{escape(approval.note)}" if approval.note else ""
-    return {"channel": target, "update": True, "text": cut(f"{line}: {outcome}", FALLBACK_LIMIT),
+    return {"channel": target, "update": True, "text": cut(f"{escape(line)}: {outcome}",
+                                                                 FALLBACK_LIMIT),
             "blocks": [*blocks, _section(f"*{outcome[:1].upper()}{outcome[1:]}*{note}")]}
 
 

@@ -251,3 +251,16 @@ def test_the_api_checks_the_permission_the_body_and_replays_an_idempotent_batch(
     assert first.status_code == again.status_code == 200
     assert again["Idempotent-Replayed"] == "true" and again.json() == first.json()
     assert decisions(a.approval) == [("approval.granted", "ann")]
+
+
+@pytest.mark.parametrize("bad", ["\u00b2.abc", "\u0661.abc", "1.", ".abc", "x1.abc"])
+def test_a_pick_that_is_not_an_id_is_refused_clearly(interrupted, operator, bad):
+    """Only ASCII digits name an approval: "²" passes ``str.isdigit`` but not ``int``, and
+    an Arabic-Indic one would quietly name approval 1."""
+    a = interrupted()
+    before = snapshot(a.run.pk)
+    response = operator.post("/approvals/decide/", {"decision": "approve", "confirm": "on",
+                                                    "pick": [bad, pick(a.approval)]}, **HTMX)
+    assert response.status_code == 422
+    assert "was not understood" in response.content.decode()
+    assert snapshot(a.run.pk) == before

@@ -320,3 +320,97 @@ def test_a_malformed_signed_payload_changes_nothing(slack, posted, clock, payloa
     approval, _ = posted()
     assert send(payload, clock).status_code == 200
     unchanged(approval)
+
+
+def test_a_title_cannot_ping_the_channel_or_hide_a_link(slack, clock, ledger):
+    """A policy's title may hold what the model asked for: in the message's plain ``text``
+    (what notifications show) Slack's control characters are escaped as in its blocks, so
+    ``<!channel>`` or a disguised link in it stays text."""
+    sly = "<!channel> pay <https://evil.example|the usual> & go"
+
+    def policy(request, run):
+        return RequireApproval(sly, "") if request.tool == "charge" else Allow()
+
+    agent = Agent("slk-sly", ScriptedLLM([ToolCall("charge", {"amount": 9}),
+                                          FinalAnswer("done")]), make_tools(ledger),
+                  policy=policy)
+    with registry.override(agent):
+        run = resume(start("slk-sly", {}, clock=clock).pk, clock=clock, lease_seconds=5)
+        assert outbox_deliver_due(clock) == 1
+        approval = Approval.objects.get(run_id=run.pk)
+        message = slack.calls_to("chat.postMessage")[-1]
+        send(press(message, "reject", "U0OLGA", slack.response_url()), clock)
+        (opened,) = slack.calls_to("views.open")
+        send(submit(opened["view"], "U0OLGA", note="no"), clock)
+        assert Approval.objects.get(pk=approval.pk).status == "rejected"
+        assert outbox_deliver_due(clock) == 1
+    (update,) = slack.calls_to("chat.update")
+    for text in (message["text"], update["text"]):
+        assert "<!channel>" not in text and "<https://evil" not in text
+        assert "&lt;!channel&gt; pay &lt;https://evil.example|the usual&gt; &amp; go" in text
+    assert "<!date^" in update["text"]  # the outcome's time is still Slack's own markup
+
+
+@pytest.mark.parametrize("mapping", [["U0OLGA"], "U0OLGA=olga", {"U0OLGA": ["olga"]}])
+def test_a_slack_users_setting_of_the_wrong_shape_refuses_clearly(slack, posted, clock,
+                                                                   settings, mapping):
+    """``RUNTIME["SLACK_USERS"]`` not a mapping of user id to user name: the person is told
+    an admin must fix it, nothing is decided (not a 500 that Slack retries)."""
+    approval, message = posted()
+    settings.RUNTIME = {**settings.RUNTIME, "SLACK_USERS": mapping}
+    reply = send(press(message, "approve", "U0OLGA", slack.response_url()), clock)
+    assert reply.status_code == 200
+    (said,) = slack.said()
+    assert "SLACK_USERS" in said and said.endswith("Nothing was changed.")
+    unchanged(approval)
+
+
+def test_a_body_that_is_not_utf8_is_refused_as_unsigned(slack, clock):
+    """Bytes that are not UTF-8 cannot be what Slack signed: a 401 like any other unsigned
+    request, not a server error."""
+    stamp = str(int(clock.now().timestamp()))
+    reply = Client().post(URL, data=b"payload=\xff\xfe", content_type="application/x-www-form-"
+                          "urlencoded", headers={"X-Slack-Request-Timestamp": stamp,
+                                                 "X-Slack-Signature": "v0=" + "0" * 64})
+    assert reply.status_code == 401
+    assert "not signed" in reply.content.decode()
+
+
+def test_a_signature_header_that_is_not_ascii_is_refused_as_unsigned(slack, posted, clock):
+    approval, message = posted()
+    payload = signed(press(message, "approve", "U0OLGA", slack.response_url()),
+                     int(clock.now().timestamp()))
+    payload["headers"]["X-Slack-Signature"] = "v0=\u00e9" + "0" * 63
+    reply = Client().post(URL, **payload)
+    assert reply.status_code == 401 and "not signed" in reply.content.decode()
+    unchanged(approval)
+
+
+@pytest.mark.parametrize("stamp", ["9" * 400, "-" + "9" * 400, "", "1e9", "soon"])
+def test_a_timestamp_that_is_no_time_is_refused(slack, posted, clock, stamp):
+    """A timestamp too large for a float (or not a number) is refused with a 401 that says
+    so, not a server error."""
+    approval, message = posted()
+    payload = signed(press(message, "approve", "U0OLGA", slack.response_url()),
+                     int(clock.now().timestamp()))
+    payload["headers"]["X-Slack-Request-Timestamp"] = stamp
+    reply = Client().post(URL, **payload)
+    assert reply.status_code == 401 and "X-Slack-Request-Timestamp" in reply.content.decode()
+    unchanged(approval)
+
+
+def test_an_edited_call_s_message_shows_what_it_was_allowed_with(slack, posted, clock, ledger):
+    """Allowed with edited arguments (in the console): the channel's message, updated with
+    the outcome, says who edited and shows the arguments the call runs with, not only the
+    proposed ones."""
+    from runtime.approvals.decisions import approval_decide
+
+    approval, _ = posted()
+    approval_decide(approval.pk, Decision.APPROVE, "olga", "smaller", arguments={"amount": 5},
+                    now=clock.now())
+    assert outbox_deliver_due(clock) == 1
+    (update,) = slack.calls_to("chat.update")
+    shown = json.dumps(update["blocks"])
+    assert "edited by olga" in shown
+    assert '\\"amount\\": 5' in shown and '\\"amount\\": 9' in shown  # effective and proposed
+    assert "edited by olga" in update["text"]

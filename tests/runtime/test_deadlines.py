@@ -475,3 +475,38 @@ def test_the_environment_variables(settings):
     for bad in ("-1", "soon", "2592001"):
         with pytest.raises(ConfigError, match="RUNTIME_APPROVAL_ESCALATE_BEFORE must be"):
             value("RUNTIME_APPROVAL_ESCALATE_BEFORE", {"RUNTIME_APPROVAL_ESCALATE_BEFORE": bad})
+
+
+@pytest.mark.parametrize("how", ["one", "batch"])
+def test_a_warning_written_while_deciding_does_not_refuse_the_decision(database, tmp_path,
+                                                                       configured, monkeypatch,
+                                                                       how):
+    """The warning moves the waiting run's chain between the decision's plan and its commit:
+    the decision is planned again on the new head and lands, after the warning, once."""
+    from runtime.approvals import batch, decisions
+
+    clock = ManualClock()
+    with registry.override(_agent("mid", Ledger(tmp_path / "ledger"), HOUR)):
+        approval = _paused("mid", clock)
+    at = approval.expires_at - timedelta(seconds=600)
+    module = decisions if how == "one" else batch
+    planned, original = [], module.decision_plan
+
+    def plan_then_warn(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        if not planned:  # the first plan only: it is stale by the time it commits
+            assert approvals_warn(at) == [approval.pk]
+        planned.append(plan)
+        return plan
+
+    monkeypatch.setattr(module, "decision_plan", plan_then_warn)
+    if how == "one":
+        approve(approval.pk, by="alice", now=at)
+    else:
+        batch.approvals_decide([(approval.pk, approval.digest)], "approve", "alice", now=at)
+    assert len(planned) >= 2  # planned again after the warning
+    kinds = events_of(approval.run_id)
+    assert kinds.count("approval.warned") == 1 and kinds.count("approval.granted") == 1
+    assert kinds.index("approval.warned") < kinds.index("approval.granted")
+    assert Approval.objects.get(pk=approval.pk).status == "approved"
+    verifyaudit()

@@ -16,7 +16,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from runtime import Agent, FinalAnswer, ScriptedLLM, ToolCall, resume, start
+from runtime import Agent, FinalAnswer, ScriptedLLM, ToolCall, cancel, resume, start
 from runtime.agents.agent import registry
 from runtime.approvals.decisions import approve, reject
 from runtime.audit import export as export_module
@@ -199,6 +199,34 @@ def test_decisions_name_the_event_that_recorded_them(runs, clock):
         audit_export_verify(text.splitlines())
 
 
+def test_a_cancelled_approval_names_its_cancellation_event(runs, clock, tmp_path):
+    """A person cancelling a run decides its approvals too (cancelled, by them, at that time):
+    the decisions export names the ``approval.cancelled`` event that recorded it; one approved
+    and then cancelled names its cancellation, not the grant before it."""
+    ledger = Ledger(tmp_path / "ledger2")
+    gated = Agent("gated", ScriptedLLM([ToolCall("charge", {"amount": 9}), FinalAnswer("done")]),
+                  make_tools(ledger), policy=charges_need_approval)
+    with registry.override(gated):
+        pending = resume(start("gated", {}, created_by="carol", clock=clock).pk, clock=clock,
+                         lease_seconds=5)
+        granted = resume(start("gated", {}, created_by="carol", clock=clock).pk, clock=clock,
+                         lease_seconds=5)
+        approve(Approval.objects.get(run_id=granted.pk).pk, by="alice", now=clock.now())
+        clock.advance(60)
+        for run in (pending, granted):
+            cancel(run.pk, by="dora", reason="not today", clock=clock)
+    text, row = export(clock, what="decisions", format="jsonl")
+    lines = {json.loads(t)["approval"]: json.loads(t) for t in text.splitlines()}
+    for run in (pending, granted):
+        approval = Approval.objects.get(run_id=run.pk)
+        line = lines[approval.pk]
+        assert line["status"] == "cancelled" and line["decided_by"] == "dora"
+        recorded = Event.objects.get(run_id=run.pk, seq=line["event_seq"])
+        assert recorded.kind == "approval.cancelled" and recorded.hash == line["event_hash"]
+        assert recorded.payload["approval_id"] == approval.pk
+    assert row.last_hash == lines[max(lines)]["event_hash"] != ""
+
+
 # -- the record ---------------------------------------------------------------------------------
 
 
@@ -320,6 +348,25 @@ def test_the_command_writes_a_private_file_that_verifies(runs, clock, tmp_path):
         call_command("auditexport", "--verify", str(cut), "--whole-runs", stdout=io.StringIO(),
                      stderr=err)
     assert err.getvalue() == "line 3: run 1 event #3 is missing from an export of whole runs\n"
+
+
+def test_a_file_that_fails_after_its_last_byte_is_not_on_record_as_complete(runs, tmp_path,
+                                                                             monkeypatch):
+    """The disk full when the file is synced or renamed (after the export read its last row):
+    no file, and the record says the export did not complete, as the command says."""
+    from runtime.host import files
+
+    def full(temporary, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "publish", full)
+    path = tmp_path / "export.csv"
+    with pytest.raises(CommandError, match="incomplete export #1"):
+        call_command("auditexport", "--out", str(path), "--by", "dora", stderr=io.StringIO())
+    assert not path.exists()
+    row = AuditExport.objects.get()
+    assert not row.complete and row.rows == Event.objects.count()
+    assert list(exports_problems()) == []
 
 
 def test_the_command_refuses_bad_inputs_in_one_line_and_writes_nothing(runs, tmp_path):

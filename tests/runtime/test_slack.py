@@ -230,6 +230,7 @@ def test_a_deadline_warning_the_channel_asks_for_is_a_message_of_its_own(slack, 
     approval = paused()
     body = slack_body(CHANNEL, "approval.expiring", approval, "https://c.example/a/1/",
                       "Approval 1 expires in 14 min <soon>")
-    assert "update" not in body and body["text"] == "Approval 1 expires in 14 min <soon>"
+    # The plain text is mrkdwn too (notifications show it): escaped like the blocks.
+    assert "update" not in body and body["text"] == "Approval 1 expires in 14 min &lt;soon&gt;"
     assert "expires in 14 min &lt;soon&gt;" in texts(body["blocks"])
     assert buttons_of(body) == {}

@@ -61,27 +61,30 @@ class Command(BaseCommand):
         try:
             filters = export_filters(since=o["since"], until=o["until"], agent=o["agent"],
                                      run=o["run"], actor=o["actor"])
+            # Held: a file is whole only once synced and renamed, after its last chunk.
             stream = audit_export_stream(what=o["what"], format=o["format"], filters=filters,
                                          by=o["by"] or getpass.getuser(),
-                                         now=SYSTEM_CLOCK.now())
+                                         now=SYSTEM_CLOCK.now(), held=True)
         except ExportRefused as exc:
             raise CommandError(f"auditexport refused: {exc}") from None
+        kept = False
         try:
-            if o["out"] == "-":
-                for chunk in stream:
-                    self.stdout.write(chunk, ending="")
-            else:
-                write_whole(o["out"], (chunk.encode() for chunk in stream))
+            try:
+                if o["out"] == "-":
+                    for chunk in stream:
+                        self.stdout.write(chunk, ending="")
+                else:
+                    write_whole(o["out"], (chunk.encode() for chunk in stream))
+                kept = True
+            finally:
+                stream.finish(kept)
         except OSError as exc:
-            stream.close()
             noted = "" if stream.record is None else (
                 f"; on record as incomplete export #{stream.record.seq}")
             raise CommandError(f"{o['out']}: {exc.strerror or exc} (nothing written{noted})"
                                ) from None
         except ExportRefused as exc:
             raise CommandError(str(exc)) from None
-        finally:
-            stream.close()
         row = stream.record
         assert row is not None, "recorded when the stream ended"
         where = "" if o["out"] == "-" else f" to {o['out']}"
