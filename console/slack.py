@@ -29,7 +29,7 @@ from slack_sdk.signature import Clock as SlackClock
 from slack_sdk.signature import SignatureVerifier
 
 from console.forms import NOTE_MAX, json_field
-from console.permissions import DECIDE
+from console.permissions import DECIDE, VIEW
 from runtime import selectors
 from runtime.approvals.decisions import approval_decide, approval_load
 from runtime.approvals.rules import Decision, decision_refusal
@@ -141,9 +141,12 @@ def _person(payload: dict[str, Any]) -> AbstractBaseUser:
     if user is None:
         raise Refused(f"Your Slack account is mapped to {escape(username)}, who is not an active "
                       f"console user: ask an admin. {NOTHING}")
-    if not user.has_perm(DECIDE):
-        raise Refused(f"{escape(username)} may not decide approvals (the decide_approval "
-                      f"permission is missing): ask an admin. {NOTHING}")
+    missing = [name for perm, name in ((VIEW, "view_run"), (DECIDE, "decide_approval"))
+               if not user.has_perm(perm)]
+    if missing:  # as on the console: seeing approvals and deciding them
+        raise Refused(f"{escape(username)} may not decide approvals (the "
+                      f"{' and '.join(missing)} permission is missing): ask an admin. "
+                      f"{NOTHING}")
     return user
 
 
@@ -152,9 +155,10 @@ def _approval(value: Any) -> tuple[Approval, str]:
     try:
         shown = json.loads(value) if isinstance(value, str) else value
         approval_id, digest = int(shown["approval"]), str(shown["digest"])
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError):
         raise Refused(f"This button does not name an approval. {NOTHING}") from None
-    approval = selectors.approval_for_page(approval_id)
+    approval = (selectors.approval_for_page(approval_id) if 0 < approval_id < 2 ** 63
+                else None)
     if approval is None:
         raise Refused(f"There is no approval {approval_id}. {NOTHING}")
     if approval.status != ApprovalStatus.PENDING:

@@ -43,7 +43,8 @@ pytestmark = pytest.mark.engines
 
 CHANNEL = "C0APPROVALS"
 URL = "/slack/interactions"
-PEOPLE = {"U0OLGA": "olga", "U0PETE": "pete", "U0VIC": "victor", "U0SAM": "sam"}
+PEOPLE = {"U0OLGA": "olga", "U0PETE": "pete", "U0VIC": "victor", "U0SAM": "sam",
+          "U0DEE": "dee"}
 
 
 @pytest.fixture
@@ -57,6 +58,7 @@ def slack(settings, database, clock, monkeypatch) -> Iterator[FakeSlack]:
     for name in ("olga", "pete", "sam"):
         _user(name, "view_run", "decide_approval")
     _user("victor", "view_run")
+    _user("dee", "decide_approval")  # may decide, may not see runs: as on the console, no
     yield fake
     fake.close()
 
@@ -166,12 +168,14 @@ def _stale(message: dict[str, Any], approval: Approval) -> str:
     ("old timestamp", 401, "more than five minutes"),
     ("unmapped user", 200, "is not mapped to a console user"),
     ("no permission", 200, "victor may not decide approvals"),
+    ("cannot see runs", 200, "dee may not decide approvals (the view_run permission"),
     ("four-eyes", 200, "You started run"),
     ("stale digest", 200, "its digest differs"),
 ])
 def test_each_refusal_changes_nothing_and_says_why(slack, posted, clock, case, status, answer):
     approval, message = posted()
-    user = {"unmapped user": "U0NOBODY", "no permission": "U0VIC", "four-eyes": "U0SAM"}.get(
+    user = {"unmapped user": "U0NOBODY", "no permission": "U0VIC", "four-eyes": "U0SAM",
+            "cannot see runs": "U0DEE"}.get(
         case, "U0OLGA")
     payload = press(message, "approve", user, slack.response_url(),
                     value=_stale(message, approval) if case == "stale digest" else None)
@@ -315,6 +319,10 @@ def test_a_form_slack_would_not_open_says_so_and_decides_nothing(slack, interrup
     {"type": "view_submission", "view": {"private_metadata": "[]", "state": 3}},
     {"type": "view_submission", "view": "x"},
     {"type": "shortcut"},
+    {"type": "block_actions", "user": {"id": "U0OLGA"},
+     "actions": [{"action_id": "approve", "value": '{"approval": Infinity, "digest": "x"}'}]},
+    {"type": "block_actions", "user": {"id": "U0OLGA"},
+     "actions": [{"action_id": "approve", "value": '{"approval": 1e30, "digest": "x"}'}]},
 ])
 def test_a_malformed_signed_payload_changes_nothing(slack, posted, clock, payload):
     approval, _ = posted()
