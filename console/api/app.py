@@ -12,10 +12,11 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import Resolver404, URLPattern, URLResolver, re_path, resolve
 from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from console.api.auth import BearerToken, LimitedParser
+from console.api.auth import BearerToken, LimitedParser, read_chunked
 from console.api.errors import ApiError
 from runtime.errors import (
     InvalidPayload,
@@ -56,6 +57,8 @@ def _invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
 
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     cause = exc.__cause__
+    if isinstance(cause, ApiError):  # raised by the parser (ninja wraps what it raises)
+        return _error(request, cause)
     if isinstance(cause, InvalidPayload):
         return _error(request, ApiError("invalid", str(cause)))
     if exc.status_code == 400 or isinstance(cause, ValueError):
@@ -79,21 +82,37 @@ api.add_exception_handler(RequestDataTooBig, lambda request, exc: _error(
     request, ApiError("invalid", "the request body is larger than allowed")))
 
 
-def _json_not_allowed(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """``view``, with ninja's plain 405 (a method the path does not serve) answered as JSON."""
+def _api_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """``view``, with ninja's plain 405 (a method the path does not serve) answered as JSON,
+    a chunked body read within the limit, and HEAD answered as GET is (status and headers)
+    without a body, as HTTP asks of a path that serves GET."""
 
     @functools.wraps(view)  # keeps csrf_exempt and the other marks on the view
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        response = view(request, *args, **kwargs)
-        if response.status_code != 405 or response.get("Content-Type", "").startswith(
+        head = request.method == "HEAD"
+        try:
+            read_chunked(request)
+            if head:
+                request.method = "GET"
+            try:
+                response = view(request, *args, **kwargs)
+            finally:
+                if head:
+                    request.method = "HEAD"
+        except ApiError as exc:
+            response = _error(request, exc)
+        if response.status_code == 405 and not response.get("Content-Type", "").startswith(
                 "application/json"):
-            return response
-        allowed = response.get("Allow", "")
-        answer = _error(request, ApiError(
-            "method_not_allowed", f"{request.method} is not served at {request.path}; "
-            f"it serves {allowed or 'no method'}"))
-        answer["Allow"] = allowed
-        return answer
+            allowed = response.get("Allow", "")
+            if "GET" in allowed.split(", "):
+                allowed += ", HEAD"
+            response = _error(request, ApiError(
+                "method_not_allowed", f"{request.method} is not served at {request.path}; "
+                f"it serves {allowed or 'no method'}"))
+            response["Allow"] = allowed
+        if head:
+            response.content = b""
+        return response
 
     return wrapped
 
@@ -126,7 +145,9 @@ def urls() -> tuple[list[URLPattern | URLResolver], str, str]:
     patterns, app_name, namespace = api.urls
     for pattern in patterns:
         if isinstance(pattern, URLPattern):
-            pattern.callback = _json_not_allowed(pattern.callback)
+            if pattern.name in ("openapi-json", "openapi-view"):  # ninja serves any method
+                pattern.callback = require_GET(pattern.callback)
+            pattern.callback = _api_view(pattern.callback)
             pattern.callback.login_required = False  # type: ignore[attr-defined]
     patterns = [*patterns, re_path(r"^(?P<rest>.*)$", _unknown_path)]
     return patterns, app_name, namespace

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from console.api.errors import ApiError
@@ -19,7 +19,7 @@ def cursor_encode(value: list[Any]) -> str:
 def cursor_decode(cursor: str) -> list[Any]:
     try:
         value = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         value = None
     if not isinstance(value, list):
         raise ApiError("invalid", "cursor is not one this API gave out",
@@ -35,17 +35,23 @@ def approval_cursor(cursor: str | None) -> tuple[datetime, int] | None:
     try:
         created, pk = value
         when = datetime.fromisoformat(created)
-        if when.tzinfo is None or not isinstance(pk, int) or isinstance(pk, bool):
+        if when.tzinfo is None or not _row_id(pk):
             raise ValueError
-    except (ValueError, TypeError):
+        when.astimezone(UTC)  # as the database compares it: a date past year 9999 overflows
+    except (ValueError, TypeError, OverflowError):
         raise ApiError("invalid", "cursor is not one this API gave out") from None
     return when, pk
+
+
+def _row_id(value: Any) -> bool:
+    """A whole number a database column holds (a larger one overflows in the driver)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def event_cursor(cursor: str | None) -> int:
     if not cursor:
         return 0
     value = cursor_decode(cursor)
-    if len(value) != 1 or not isinstance(value[0], int) or isinstance(value[0], bool):
+    if len(value) != 1 or not _row_id(value[0]):
         raise ApiError("invalid", "cursor is not one this API gave out")
     return value[0]

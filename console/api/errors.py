@@ -16,6 +16,7 @@ from runtime.selectors.approvals import approval_for_page
 ERROR_CODES = {
     "unauthorized": 401, "forbidden": 403, "not_found": 404, "already_decided": 409,
     "stale": 409, "retry": 409, "invalid": 422, "method_not_allowed": 405,
+    "unsupported_media_type": 415,
 }
 
 

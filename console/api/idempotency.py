@@ -14,7 +14,8 @@ from ninja import Header
 
 from console.api.errors import ApiError
 from console.models import IdempotentRequest
-from runtime.canonical import digest
+from runtime.canonical import check_payload, digest
+from runtime.errors import InvalidPayload
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL, as the stubs see it
@@ -32,7 +33,10 @@ def idempotent(request: HttpRequest, user: User, body: dict[str, Any],
     if not key or len(key) > 200 or not key.isascii() or not key.isprintable():
         raise ApiError("invalid", "Idempotency-Key must be 1 to 200 printable ASCII characters")
     where = f"{request.method} {request.path}"[:300]
-    fingerprint = digest(body)
+    try:  # checked before it is hashed: a lone surrogate, say, has no UTF-8 to hash
+        fingerprint = digest(check_payload("request body", body))
+    except InvalidPayload as exc:
+        raise ApiError("invalid", str(exc)) from None
     _release_abandoned(user, key)
     try:
         with transaction.atomic():

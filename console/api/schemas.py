@@ -26,7 +26,8 @@ class ErrorOut(Schema):
                                                "refused approval's id, code and message.")
 
 
-ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 405: ErrorOut, 409: ErrorOut,
+          415: ErrorOut, 422: ErrorOut}
 
 
 class StepOut(Schema):

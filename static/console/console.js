@@ -2,7 +2,12 @@
 // form's confirmation box ticked and its button pressed.
 //   queue:         j / k  move the selection,  o / Enter  open the selected approval,
 //                  x  tick it for a batch decision
-//   approval page: a / s / r  open the first, second or third decision's form,  Escape closes it
+//   approval page: a / s / r / e  open a decision's form,  Escape closes it (focus goes back
+//                  to the decision's summary, the control that opens it)
+// The single-letter keys can be turned off ("Single-key shortcuts", remembered in this browser);
+// they never act while typing in a field. j / k move the keyboard focus itself (to the row's
+// link), so a screen reader announces the approval. After a decision the focus moves to its
+// outcome, which is a status region, so it is announced.
 // Ages ("3m 12s ago") keep counting between renders, and a field's old error goes once the
 // field is edited.
 (function () {
@@ -19,15 +24,31 @@
     window.history.replaceState(state, "");
   }
 
-  function paint(scroll) {
+  // Single-key shortcuts: on unless turned off in this browser (a preference, nothing else).
+  var SHORTCUTS = "console.shortcuts";
+
+  function shortcutsOn() {
+    try { return window.localStorage.getItem(SHORTCUTS) !== "off"; } catch (e) { return true; }
+  }
+
+  function showShortcuts() {
+    var on = shortcutsOn();
+    document.documentElement.classList.toggle("shortcuts-off", !on);
+    document.querySelectorAll("input[data-shortcuts]").forEach(function (box) {
+      box.checked = on;
+    });
+  }
+  showShortcuts();
+
+  function paint(focus) {
     var found = null;
     rows().forEach(function (row) {
       var on = row.getAttribute("data-id") === selectedId;
       row.classList.toggle("selected", on);
-      row.setAttribute("aria-selected", on ? "true" : "false");
       if (on) { found = row; }
     });
-    if (found && scroll) { found.scrollIntoView({ block: "nearest" }); }
+    var link = found && found.querySelector("a.open");
+    if (link && focus) { link.focus(); }  // scrolls it into view, and is announced
     return found;
   }
 
@@ -65,20 +86,20 @@
   }
 
   function closeDecisions() {
-    var closed = false;
+    var closed = null;
     document.querySelectorAll("details.decision[open]").forEach(function (d) {
       d.open = false;
-      closed = true;
+      closed = d;
     });
-    // Out of the closed form's field, so the page's keys (a, s, r) work again.
-    if (closed && document.activeElement) { document.activeElement.blur(); }
-    return closed;
+    // Back to the control that opens it (its summary), not lost to the page's top.
+    if (closed) { closed.querySelector("summary").focus(); }
+    return closed !== null;
   }
 
   function typing(target) {
     var tag = target && target.tagName;
-    return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" || tag === "BUTTON" ||
-           tag === "A" || tag === "SUMMARY" || (target && target.isContentEditable);
+    return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" ||
+           (target && target.isContentEditable);
   }
 
   document.addEventListener("keydown", function (event) {
@@ -87,12 +108,15 @@
       if (closeDecisions()) { event.preventDefault(); }
       return;
     }
-    if (typing(event.target)) { return; }
+    if (typing(event.target) || !shortcutsOn()) { return; }
+    // Enter on a link or button is theirs; on the page itself it opens the selected row.
+    var onPage = event.target === document.body || event.target === document.documentElement;
     var handled = false;
     switch (event.key) {
       case "j": move(1); handled = true; break;
       case "k": move(-1); handled = true; break;
-      case "o": case "Enter": handled = openSelected(); break;
+      case "o": handled = openSelected(); break;
+      case "Enter": handled = onPage && openSelected(); break;
       case "x": handled = tickSelected(); break;
       case "a": handled = openDecision("approve"); break;
       case "s": handled = openDecision("resolve"); break;
@@ -181,6 +205,10 @@
 
   document.addEventListener("change", function (event) {
     var t = event.target;
+    if (t.matches && t.matches("input[data-shortcuts]")) {
+      try { window.localStorage.setItem(SHORTCUTS, t.checked ? "on" : "off"); } catch (e) { /* */ }
+      showShortcuts();
+    }
     if (t.matches && t.matches("input[data-pick-all]")) {
       picks().forEach(function (p) { p.checked = t.checked; });
     }
@@ -196,7 +224,44 @@
     }
   });
 
+  // A swap replaces what may hold the focus. After a decision (a POST) the focus moves to its
+  // outcome, or to what refused it; after a poll it stays where it was (the same control, or
+  // the same queue row), instead of falling to the page's top.
+  var focusId = null, focusRow = null;
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var target = event.detail && event.detail.target, active = document.activeElement;
+    focusId = focusRow = null;
+    if (!target || !active || !target.contains(active)) { return; }
+    focusId = active.id || null;
+    var row = active.closest("tr[data-queue-row]");
+    focusRow = row && row.getAttribute("data-id");
+  });
+
+  function refocus(event) {
+    var config = event.detail && event.detail.requestConfig;
+    var target = event.detail && event.detail.target;
+    // An outerHTML swap removed the target: its replacement carries the same id.
+    var holder = (target && (target.isConnected ? target : document.getElementById(target.id)))
+      || document;
+    if (config && config.verb === "post") {
+      // Why it was refused first (someone was quicker, a field's error), else the outcome.
+      var outcome = holder.querySelector("#decision-panel [role=alert]") ||
+        holder.querySelector("[data-field-error]") || holder.querySelector("[data-outcome]") ||
+        holder.querySelector("[role=alert]");
+      if (outcome) {
+        if (!outcome.hasAttribute("tabindex")) { outcome.setAttribute("tabindex", "-1"); }
+        outcome.focus();
+        return;
+      }
+    }
+    var again = focusId && document.getElementById(focusId);
+    if (again) { again.focus({ preventScroll: true }); return; }
+    if (focusRow && focusRow === selectedId) { paint(true); }
+  }
+
   // A poll replaces the queue list: keep the selection across swaps.
-  document.addEventListener("htmx:afterSwap", function () { paint(false); tick(); counted(); });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    paint(false); tick(); counted(); showShortcuts(); refocus(event);
+  });
   document.addEventListener("DOMContentLoaded", function () { paint(false); counted(); });
 })();

@@ -468,37 +468,54 @@ def test_openapi_schema_is_served(sqlite_path):
 # -- a live server: schemathesis and the example client --------------------------------------
 
 @pytest.mark.slow
-def test_schemathesis_against_a_live_server(server, interrupted, token_for):
+def test_schemathesis_against_a_live_server(server, interrupted, policy_paused, token_for):
+    """Every operation fuzzed with fixed seeds (the same cases each run), with valid and with
+    invalid inputs as a person who may decide and start runs, and as one with no permission
+    at all: no 5xx, every answer as the schema says."""
     import schemathesis
     from hypothesis import HealthCheck, given
     from hypothesis import settings as hsettings
     from schemathesis.checks import not_a_server_error
+    from schemathesis.generation import GenerationMode
     from schemathesis.specs.openapi.checks import response_schema_conformance
 
     for _ in range(3):
         interrupted()
-    token = token_for("fuzz", *DECIDER, "runtime.add_run")
+    policy_paused()
+    tokens = {"decider": token_for("fuzz", *DECIDER, "runtime.add_run"),
+              "nobody": token_for("fuzz-none")}
     url = server.ready()
     schema = schemathesis.openapi.from_url(f"{url}/api/openapi.json")
-    headers = {"Authorization": f"Bearer {token}"}
     checks = [not_a_server_error, response_schema_conformance]
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) == 7
 
-    seen: dict[str, set[int]] = {}
+    seen: dict[tuple[str, str], set[int]] = {}
 
-    for operation in operations:
-        @given(case=operation.as_strategy())
-        @hsettings(max_examples=25, deadline=None, database=None,
+    def fuzzer(operation, who: str, token: str, examples: int,
+               mode: GenerationMode = GenerationMode.POSITIVE):
+        @given(case=operation.as_strategy(mode))
+        @hsettings(max_examples=examples, deadline=None, database=None, derandomize=True,
                    suppress_health_check=list(HealthCheck))
         def fuzz(case) -> None:
-            response = case.call_and_validate(base_url=url, headers=headers, checks=checks,
-                                              timeout=10)
-            seen.setdefault(case.operation.label, set()).add(response.status_code)
+            response = case.call_and_validate(
+                base_url=url, headers={"Authorization": f"Bearer {token}"}, checks=checks,
+                timeout=10)
+            assert response.status_code < 500, (case.operation.label, response.text)
+            seen.setdefault((who, case.operation.label), set()).add(response.status_code)
 
-        fuzz()
+        return fuzz
+
+    for operation in operations:
+        fuzzer(operation, "decider", tokens["decider"], 40)()
+        fuzzer(operation, "decider", tokens["decider"], 20, GenerationMode.NEGATIVE)()
+        fuzzer(operation, "nobody", tokens["nobody"], 10)()
     assert server.proc.poll() is None
-    assert len(seen) == 7, seen
+    assert len(seen) == 14, seen
+    statuses = {status for codes in seen.values() for status in codes}
+    assert max(statuses) < 500 and {200, 403, 422} <= statuses, seen
+    assert all(codes <= {401, 403, 404, 405, 415, 422}
+               for (who, _), codes in seen.items() if who == "nobody"), seen
 
 
 @pytest.mark.slow

@@ -1,0 +1,261 @@
+"""The console's accessibility in the real browser: axe-core (WCAG 2.0/2.1 A and AA) finds no
+violation on any console page, at 1280 px and on a 390 px phone, with a decision form open,
+after a decision, with the queue empty and full; and a keyboard-only pass: after a decision
+focus lands on the announced outcome, Escape returns focus to the decision's opener, j/k move
+real focus through the queue, and the single-key shortcuts can be turned off.
+Screenshots: ``a11y-outcome-focused.png``, ``a11y-outcome-focused-phone.png``."""
+
+from __future__ import annotations
+
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page, expect
+
+from runtime.approvals.decisions import approve
+from runtime.models import Approval, Run, Worker
+from tests.console.browser import DESKTOP, PHONE, shot
+from tests.console.conftest import PASSWORD
+from tests.console.test_browser_schedules import MANAGE, VIEW, some_schedules
+
+pytestmark = pytest.mark.slow
+
+DECIDE = "runtime.decide_approval"
+WCAG_21_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+AXE = Axe()
+
+
+def axe_clean(page: Page, where: str) -> None:
+    """Fail listing every violation: its rule, and each element it was found on."""
+    results = AXE.run(page, options={"runOnly": {"type": "tag", "values": WCAG_21_AA},
+                                     "resultTypes": ["violations"]})
+    found = [f"{v['id']} ({v['impact']}): {v['help']} at "
+             + ", ".join(" ".join(n["target"]) for n in v["nodes"])
+             for v in results.response["violations"]]
+    assert not found, f"{where} at {page.viewport_size}:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_axe_finds_no_violation_on_any_console_page(viewport, interrupted, policy_paused,
+                                                    people, make_user, log_in, browser, server):
+    make_user("ada", DECIDE, VIEW, MANAGE, superuser=True, password=PASSWORD)
+    page = log_in("ada", viewport=viewport)
+    expect(page.locator(".empty")).to_be_visible()
+    axe_clean(page, "the empty queue")
+
+    anonymous = browser.new_context(base_url=server.url, viewport=viewport).new_page()
+    try:
+        anonymous.goto("/login/")
+        axe_clean(anonymous, "the login page")
+    finally:
+        anonymous.context.close()
+
+    waiting, policy, decided = interrupted(), policy_paused(), interrupted()
+    approve(decided.approval.pk, by="olga", note="checked")
+    nightly = some_schedules()
+    Worker.objects.create(owner="runtime@host:1:abc", host="host", pid=1,
+                          started_at=waiting.run.created_at, heartbeat_at=waiting.run.created_at,
+                          concurrency=4, lease_seconds=30)
+    page.goto("/")
+    expect(page.get_by_test_id("batch-bar")).to_be_visible()
+    page.get_by_test_id(f"pick-{waiting.approval.pk}").check()
+    axe_clean(page, "the queue with a ticked row")
+
+    for approval, key in ((waiting.approval, "s"), (policy.approval, "a"),
+                          (waiting.approval, "r")):
+        page.goto(f"/approvals/{approval.pk}/")
+        page.keyboard.press(key)
+        expect(page.locator("details.decision[open]")).to_have_count(1)
+        axe_clean(page, f"approval {approval.pk} with the {key} decision open")
+    page.goto(f"/approvals/{decided.approval.pk}/")
+    expect(page.get_by_test_id("outcome")).to_be_visible()
+    axe_clean(page, "a decided approval")
+
+    run = Run.objects.get(pk=waiting.run.pk)
+    for url in ("/runs/", f"/runs/{run.pk}/", "/workers/", "/schedules/",
+                f"/schedules/{nightly.pk}/", "/schedules/new/", "/admin/runtime/event/",
+                "/admin/runtime/event/?q=pay"):
+        page.goto(url)
+        axe_clean(page, url)
+        if url.startswith("/admin/"):  # its search box has a label of its own, in words
+            expect(page.locator("#searchbar")).to_have_accessible_name("Search events")
+    page.goto(f"/schedules/{nightly.pk}/")
+    page.locator("#edit-schedule summary").click()
+    axe_clean(page, "a schedule's edit form")
+    assert Approval.objects.get(pk=waiting.approval.pk).status == "pending"  # looked only
+
+
+CONTRAST = """(el) => {
+  const rgb = (c) => c.match(/\\d+(\\.\\d+)?/g).slice(0, 3).map(Number);
+  const lum = (c) => { const [r, g, b] = rgb(c).map((v) => { v /= 255;
+    return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  const s = getComputedStyle(el), a = lum(s.color), b = lum(s.backgroundColor);
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); }"""
+
+
+def test_the_pending_count_badge_reads_at_4_5_to_1(interrupted, people, make_user, log_in):
+    """axe leaves a one-digit badge unjudged ("too short"), so its contrast is measured here,
+    on the console's pages and in the admin's header."""
+    interrupted()
+    make_user("ada", DECIDE, superuser=True, password=PASSWORD)
+    page = log_in("ada")
+    for url in ("/", "/admin/runtime/event/"):
+        page.goto(url)
+        badge = page.locator("[data-testid=pending-count].count-waiting")
+        expect(badge).to_have_text("1")
+        assert badge.evaluate(CONTRAST) >= 4.5, (url, badge.evaluate(CONTRAST))
+
+
+def decide_by_keyboard(page: Page, approval_id: int) -> None:
+    page.goto(f"/approvals/{approval_id}/")
+    page.keyboard.press("a")  # opens "approve", the focus in its note
+    expect(page.locator("#decide-approve textarea")).to_be_focused()
+    page.keyboard.type("checked the ledger")
+    page.keyboard.press("Tab")
+    expect(page.locator("#decide-approve input[name$=confirm]")).to_be_focused()
+    page.keyboard.press("Space")
+    page.keyboard.press("Tab")
+    expect(page.locator("#decide-approve button[type=submit]")).to_be_focused()
+    page.keyboard.press("Enter")
+
+
+def test_after_a_decision_the_focus_is_on_its_announced_outcome(interrupted, people, log_in):
+    first, second = interrupted(), interrupted()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    decide_by_keyboard(page, first.approval.pk)
+    outcome = page.get_by_test_id("outcome")
+    expect(outcome).to_be_focused()
+    expect(outcome).to_have_attribute("role", "status")
+    expect(outcome).to_contain_text("decided by olga")
+    fresh = Approval.objects.get(pk=first.approval.pk)
+    assert (fresh.status, fresh.decided_by, fresh.note) == ("approved", "olga",
+                                                            "checked the ledger")
+    shot(page, "a11y-outcome-focused.png")
+
+    page.set_viewport_size(PHONE)  # by touch on a phone: the outcome takes the focus too
+    page.goto(f"/approvals/{second.approval.pk}/")
+    page.locator("#decide-reject summary").click()
+    page.locator("#decide-reject textarea").fill("not ours")
+    page.locator("#decide-reject input[name$=confirm]").check()
+    page.locator("#decide-reject button[type=submit]").click()
+    expect(page.get_by_test_id("outcome")).to_be_focused()
+    expect(page.get_by_test_id("outcome")).to_be_in_viewport()
+    assert Approval.objects.get(pk=second.approval.pk).status == "rejected"
+    shot(page, "a11y-outcome-focused-phone.png")
+
+
+def test_a_refused_decision_puts_the_focus_on_why(interrupted, people, log_in):
+    waiting = interrupted()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    page.goto(f"/approvals/{waiting.approval.pk}/")
+    page.keyboard.press("r")
+    page.keyboard.type("not ours")
+    page.locator("#decide-reject input[name$=confirm]").check()
+    approve(waiting.approval.pk, by="ada")  # someone else was quicker
+    page.locator("#decide-reject button[type=submit]").press("Enter")
+    conflict = page.get_by_test_id("conflict")
+    expect(conflict).to_contain_text("already decided by ada")
+    expect(conflict).to_be_focused()
+    expect(conflict).to_have_attribute("role", "alert")
+    assert Approval.objects.get(pk=waiting.approval.pk).decided_by == "ada"
+
+
+def test_escape_gives_the_focus_back_to_the_decision_that_opened(interrupted, people, log_in):
+    waiting = interrupted()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    page.goto(f"/approvals/{waiting.approval.pk}/")
+    page.keyboard.press("s")
+    expect(page.locator("#id_resolve-result")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(page.locator("#decide-resolve")).not_to_have_attribute("open", "")
+    expect(page.locator("#decide-resolve summary")).to_be_focused()
+
+    reject = page.locator("#decide-reject summary")  # opened by pressing its summary
+    reject.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#decide-reject")).to_have_attribute("open", "")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Escape")
+    expect(page.locator("#decide-reject")).not_to_have_attribute("open", "")
+    expect(reject).to_be_focused()
+    page.keyboard.press("a")  # the page's keys still work from there
+    expect(page.locator("#decide-approve")).to_have_attribute("open", "")
+
+
+def test_j_and_k_move_the_focus_and_the_shortcuts_can_be_turned_off(interrupted, people,
+                                                                      log_in):
+    made = [interrupted() for _ in range(3)]
+    people("olga", DECIDE)
+    page = log_in("olga")
+
+    def link(i: int):
+        return page.locator(f'tr[data-id="{made[i].approval.pk}"] a.open')
+
+    page.keyboard.press("j")
+    expect(link(0)).to_be_focused()
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    expect(link(2)).to_be_focused()
+    page.keyboard.press("k")
+    expect(link(1)).to_be_focused()
+    expect(page.locator("tr[aria-selected]")).to_have_count(0)  # no ARIA a table can't hold
+    expect(page.locator(".key-hint")).to_be_visible()
+    shot(page, "a11y-queue-keys.png")
+
+    toggle = page.get_by_test_id("shortcuts")
+    toggle.uncheck()
+    expect(page.locator(".key-hint")).to_be_hidden()  # the hints follow the setting
+    page.reload()
+    expect(page.get_by_test_id("shortcuts")).not_to_be_checked()  # remembered
+    expect(page.locator(".key-hint")).to_be_hidden()
+    page.keyboard.press("j")
+    page.keyboard.press("x")
+    for i in range(3):
+        expect(link(i)).not_to_be_focused()
+    expect(page.locator("tr.selected")).to_have_count(1)  # where it was, not moved
+    expect(page.locator("input[data-pick]:checked")).to_have_count(0)
+    page.goto(f"/approvals/{made[0].approval.pk}/")
+    page.keyboard.press("a")
+    expect(page.locator("details.decision[open]")).to_have_count(0)
+    expect(page.locator("details.decision kbd").first).to_be_hidden()
+
+    page.get_by_test_id("shortcuts").check()
+    page.locator("h1").click()  # out of the box: keys typed in a field are the field's
+    page.keyboard.press("a")
+    expect(page.locator("#decide-approve")).to_have_attribute("open", "")
+    assert Approval.objects.filter(status="pending").count() == 3
+
+
+def test_after_a_batch_decision_the_focus_is_on_its_announced_outcome(interrupted, people,
+                                                                       log_in):
+    first, second = interrupted(), interrupted()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    for _ in range(2):  # both ticked from the keyboard
+        page.keyboard.press("j")
+        page.keyboard.press("x")
+    page.get_by_test_id("batch-confirm").check()
+    page.get_by_test_id("batch-approve").press("Enter")
+    done = page.get_by_test_id("batch-done")
+    expect(done).to_contain_text("2 approvals decided")
+    expect(done).to_be_focused()
+    expect(done).to_have_attribute("role", "status")
+    assert {Approval.objects.get(pk=w.approval.pk).status for w in (first, second)} == {
+        "approved"}
+
+
+def test_a_poll_keeps_the_focus_on_the_queue_row(interrupted, people, log_in):
+    first = interrupted()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    page.keyboard.press("j")
+    link = page.locator(f'tr[data-id="{first.approval.pk}"] a.open')
+    expect(link).to_be_focused()
+    arrived = interrupted()  # the next poll re-renders the list
+    expect(page.locator(f'tr[data-id="{arrived.approval.pk}"]')).to_be_visible()
+    expect(link).to_be_focused()  # the same row's link, not the page's top
+    page.keyboard.press("j")
+    expect(page.locator(f'tr[data-id="{arrived.approval.pk}"] a.open')).to_be_focused()
