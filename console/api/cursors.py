@@ -9,7 +9,13 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from ninja import Query
+
 from console.api.errors import ApiError
+
+# The query parameter: what cursor_encode writes (unpadded base64url), and never long.
+CURSOR: Any = Query(None, max_length=500, pattern=r"^[A-Za-z0-9_-]*$",
+                    description="A page's next_cursor, as given.")
 
 
 def cursor_encode(value: list[Any]) -> str:

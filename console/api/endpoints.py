@@ -11,9 +11,25 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Query, Schema
 
 from console.api.app import api
-from console.api.cursors import approval_cursor, cursor_encode, event_cursor
+from console.api.cursors import CURSOR, approval_cursor, cursor_encode, event_cursor
 from console.api.errors import ApiError, conflict
 from console.api.idempotency import IDEMPOTENCY_KEY, idempotent
+from console.api.links import (
+    APPROVAL_LINKS,
+    APPROVALS_LINKS,
+    BATCH_LINKS,
+    DECIDE_APPROVAL,
+    DECIDE_APPROVALS,
+    DECIDED_LINKS,
+    EVENTS_LINKS,
+    GET_APPROVAL,
+    GET_RUN,
+    LIST_APPROVALS,
+    LIST_RUN_EVENTS,
+    RUN_LINKS,
+    START_RUN,
+    STARTED_LINKS,
+)
 from console.api.schemas import (
     ERRORS,
     STEPS_SHOWN,
@@ -52,17 +68,6 @@ if TYPE_CHECKING:
 
 START = "runtime.add_run"  # Django's default "add" permission of the Run model
 MAX_LIMIT = 200
-
-
-# -- authentication ------------------------------------------------------------------------
-
-
-# -- schemas ---------------------------------------------------------------------------------
-
-
-# -- errors ----------------------------------------------------------------------------------
-
-
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -129,8 +134,9 @@ def _json(model: Schema) -> dict[str, Any]:
 
 
 @api.get("/approvals/", response={200: ApprovalPage, **ERRORS}, url_name="approvals",
+         operation_id=LIST_APPROVALS, openapi_extra=APPROVALS_LINKS,
          summary="Pending approvals, oldest first")
-def list_approvals(request: HttpRequest, cursor: str | None = Query(None, max_length=500),
+def list_approvals(request: HttpRequest, cursor: str | None = CURSOR,
                    limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> dict[str, Any]:
     """The queue, oldest first, a page at a time: keyset pagination, so no approval is
     skipped or repeated while others are added or decided."""
@@ -145,6 +151,7 @@ def list_approvals(request: HttpRequest, cursor: str | None = Query(None, max_le
 # Before "/approvals/{approval_id}": Django tries the paths in order, and that one would
 # take "decide" for an id.
 @api.post("/approvals/decide", response={200: BatchOut, **ERRORS}, url_name="decide-batch",
+          operation_id=DECIDE_APPROVALS, openapi_extra=BATCH_LINKS,
           summary="Approve or reject several approvals at once: all of them or none")
 def decide_batch(request: HttpRequest, payload: BatchDecideIn,
                  idempotency_key: str | None = IDEMPOTENCY_KEY) -> HttpResponse:
@@ -186,7 +193,8 @@ def batch_refused(exc: BatchRefused) -> ApiError:
 
 
 @api.get("/approvals/{approval_id}", response={200: ApprovalOut, **ERRORS},
-         url_name="approval", summary="One approval: the request and its run's steps")
+         url_name="approval", operation_id=GET_APPROVAL, openapi_extra=APPROVAL_LINKS,
+         summary="One approval: the request and its run's steps")
 def get_approval(request: HttpRequest, approval_id: int) -> ApprovalOut:
     user = _user(request, VIEW)
     approval = selectors.approval_for_page(approval_id)
@@ -196,7 +204,8 @@ def get_approval(request: HttpRequest, approval_id: int) -> ApprovalOut:
 
 
 @api.post("/approvals/{approval_id}/decide", response={200: ApprovalOut, **ERRORS},
-          url_name="decide", summary="Approve, resolve or reject an approval")
+          url_name="decide", operation_id=DECIDE_APPROVAL, openapi_extra=DECIDED_LINKS,
+          summary="Approve, resolve or reject an approval")
 def decide(request: HttpRequest, approval_id: int, payload: DecideIn,
            idempotency_key: str | None = IDEMPOTENCY_KEY) -> HttpResponse:
     """Decides on the request whose digest is ``expected_digest`` and no other. Of two callers
@@ -239,7 +248,8 @@ def decide(request: HttpRequest, approval_id: int, payload: DecideIn,
     return idempotent(request, user, {"approval": approval_id, **body}, answer)
 
 
-@api.post("/runs", response={201: RunOut, **ERRORS}, url_name="runs",
+@api.post("/runs", response={201: RunOut, **ERRORS}, url_name="runs", operation_id=START_RUN,
+          openapi_extra=STARTED_LINKS,
           summary="Start a run (needs runtime.add_run)")
 def start_run(request: HttpRequest, payload: RunIn,
               idempotency_key: str | None = IDEMPOTENCY_KEY) -> HttpResponse:
@@ -265,7 +275,8 @@ def start_run(request: HttpRequest, payload: RunIn,
     return idempotent(request, user, body, answer)
 
 
-@api.get("/runs/{run_id}", response={200: RunOut, **ERRORS}, url_name="run",
+@api.get("/runs/{run_id}", response={200: RunOut, **ERRORS}, url_name="run", operation_id=GET_RUN,
+         openapi_extra=RUN_LINKS,
          summary="One run and its latest steps")
 def get_run(request: HttpRequest, run_id: int) -> RunOut:
     _user(request, VIEW)
@@ -276,9 +287,10 @@ def get_run(request: HttpRequest, run_id: int) -> RunOut:
 
 
 @api.get("/runs/{run_id}/events", response={200: EventPage, **ERRORS}, url_name="events",
+         operation_id=LIST_RUN_EVENTS, openapi_extra=EVENTS_LINKS,
          summary="A run's events in order (its audit log), a page at a time")
 def run_events(request: HttpRequest, run_id: int,
-               cursor: str | None = Query(None, max_length=500),
+               cursor: str | None = CURSOR,
                limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> dict[str, Any]:
     _user(request, VIEW)
     if selectors.run_for_page(run_id) is None:

@@ -93,6 +93,7 @@ def respond(status: int, body: Any, *, replayed: bool = False) -> HttpResponse:
     return response
 
 
-IDEMPOTENCY_KEY = Header(None, alias="Idempotency-Key", max_length=200, description=(
+IDEMPOTENCY_KEY = Header(None, alias="Idempotency-Key", min_length=1, max_length=200,
+                         pattern=r"^[ -~]+$", description=(
     "Send the same key again (same path, same body) to get the first answer back instead of "
     "acting twice."))

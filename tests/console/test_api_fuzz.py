@@ -8,6 +8,11 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +23,7 @@ from console.models import IdempotentRequest
 from runtime.models import Approval, Run
 from tests.console import test_api
 from tests.console.test_api import DECIDER, call, decide_body
+from tests.procs import ROOT
 
 token_for = test_api.token_for  # the fixture, shared
 
@@ -254,3 +260,78 @@ def test_bad_inputs_against_gunicorn(server, interrupted, token_for):
     assert server.proc.poll() is None
     assert Run.objects.count() == runs + 1
     assert Approval.objects.get(pk=w.approval.pk).status == "pending"
+
+
+# -- the deep fuzz: schemathesis's own command, every phase, every check -------------------
+
+FUZZ_SEED = 40  # fixed, with deterministic generation: the same cases every run
+
+
+def _fuzz(url: str, token: str, out: Path) -> tuple[subprocess.CompletedProcess[str], dict,
+                                                  list[dict]]:
+    """``schemathesis run`` as its users run it: examples, coverage, fuzzing and the stateful
+    phase (following the schema's links with real ids and digests), every check but "schema-
+    valid data is accepted" (the runtime's rules reach past a JSON schema: an agent must be
+    registered, resolve needs a result, a rejection a note). Strings are UTF-8 without NUL, as
+    the payload rules document; the other NUL and surrogate inputs are pinned above."""
+    command = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/api/openapi.json",
+               "--phases", "examples,coverage,fuzzing,stateful", "--checks", "all",
+               "--exclude-checks", "positive_data_acceptance", "--continue-on-failure",
+               "--seed", str(FUZZ_SEED), "--generation-deterministic", "--max-examples", "60",
+               "--generation-codec", "utf-8", "--generation-allow-x00", "false",
+               "-H", f"Authorization: Bearer {token}", "--request-timeout", "20",
+               "--no-color", "--report", "json,har", "--report-dir", str(out)]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.console.fuzz_hooks"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1200)
+    (report,) = out.glob("json-*.json")
+    (har,) = out.glob("har-*.json")
+    return done, json.loads(report.read_text()), json.loads(har.read_text())["log"]["entries"]
+
+
+def _operation(entry: dict) -> str:
+    """"POST /api/approvals/{id}/decide" from a HAR entry's method and URL."""
+    path = httpx.URL(entry["request"]["url"]).path
+    return f"{entry['request']['method']} {re.sub(r'/[0-9]+(?=/|$)', '/{id}', path)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["decider", "nobody"])
+def test_the_deep_fuzz_finds_no_server_error_and_follows_the_links(
+        server, interrupted, policy_paused, token_for, tmp_path, who):
+    """Every check schemathesis has passes, no answer is a 5xx, every answer is JSON, and (as
+    a person who may decide and start runs) the stateful phase reaches real approvals and
+    runs through the links: reads them, decides them one at a time, starts runs and reads
+    their events."""
+    for _ in range(8):
+        interrupted()
+    for _ in range(4):
+        policy_paused()
+    token = (token_for("fuzz", *DECIDER, "runtime.add_run") if who == "decider"
+             else token_for("fuzz-none"))
+    done, report, entries = _fuzz(server.ready(), token, tmp_path / "fuzz")
+    summary = done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and report["exit_code"] == 0, summary
+    assert report["failures"] == [] and report["errors"] == [], summary
+    assert {p: report["phases"][p]["status"] for p in ("coverage", "fuzzing", "stateful")} == \
+        {"coverage": "success", "fuzzing": "success", "stateful": "success"}, summary
+    assert len(entries) > 500, len(entries)
+    answers: dict[str, set[int]] = {}
+    for entry in entries:
+        status = entry["response"]["status"]
+        assert status < 500, (entry["request"]["url"], entry["response"]["content"])
+        if entry["request"]["method"] != "HEAD":
+            assert entry["response"]["content"]["mimeType"].startswith("application/json"), \
+                entry["request"]["url"]
+        answers.setdefault(_operation(entry), set()).add(status)
+    assert server.proc.poll() is None
+    if who == "nobody":
+        assert all(codes <= {401, 403, 404, 405, 415, 422} for codes in answers.values()), \
+            answers
+        return
+    reached = {"GET /api/approvals/{id}": 200, "POST /api/approvals/{id}/decide": 200,
+               "POST /api/runs": 201, "GET /api/runs/{id}": 200,
+               "GET /api/runs/{id}/events": 200}
+    assert all(status in answers.get(op, set()) for op, status in reached.items()), answers
+    links = re.search(r"API Links:\s+(\d+) covered / (\d+) selected", done.stdout)
+    assert links and int(links[1]) >= 10, summary
