@@ -1,10 +1,13 @@
-"""API tokens in the admin: listed and revoked here; a new one is shown once, in a message."""
+"""API tokens in the admin: listed and revoked here; a new one is shown once, in a message.
+People: the times Django records (last login, joined) are shown, not edited."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -52,3 +55,15 @@ class ApiTokenAdmin(admin.ModelAdmin):
         for token in queryset.filter(revoked_at__isnull=True):
             token.revoke()
         self.message_user(request, "Revoked.", messages.SUCCESS)
+
+
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class PersonAdmin(UserAdmin):
+    """Django's own user admin, but the times it records itself are read, not typed in: an
+    edited "last login" would mislead whoever reads it, and its split date and time boxes
+    have no label of their own for a screen reader."""
+
+    readonly_fields = ("last_login", "date_joined")

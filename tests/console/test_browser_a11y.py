@@ -1,6 +1,7 @@
-"""The console's accessibility in the real browser: axe-core (WCAG 2.0/2.1 A and AA) finds no
-violation on any console page, at 1280 px and on a 390 px phone, with a decision form open,
-after a decision, with the queue empty and full; and a keyboard-only pass: after a decision
+"""The console's accessibility in the real browser: axe-core (WCAG 2.0/2.1 A and AA, and its
+best practices) finds no violation on any console page, admin page, error page or demo page,
+at 1280 px and on a 390 px phone, with a decision form open, after a decision, with the queue
+empty and full; and a keyboard-only pass: after a decision
 focus lands on the announced outcome, Escape returns focus to the decision's opener, j/k move
 real focus through the queue, and the single-key shortcuts can be turned off.
 Screenshots: ``a11y-outcome-focused.png``, ``a11y-outcome-focused-phone.png``."""
@@ -9,23 +10,30 @@ from __future__ import annotations
 
 import pytest
 from axe_playwright_python.sync_playwright import Axe
+from django.contrib.auth.models import User
+from django.db.models import Model
+from django.test import RequestFactory
 from playwright.sync_api import Page, expect
 
+from console.models import ApiToken
 from runtime.approvals.decisions import approve
-from runtime.models import Approval, Run, Worker
+from runtime.models import Approval, AuditCheckpoint, Event, Run, RunCreation, Worker
 from tests.console.browser import DESKTOP, PHONE, shot
 from tests.console.conftest import PASSWORD
 from tests.console.test_browser_schedules import MANAGE, VIEW, some_schedules
+from tests.demo import test_browser as demo_browser
 
 pytestmark = pytest.mark.slow
+demo_world = demo_browser.demo_world  # the fixture, shared
 
 DECIDE = "runtime.decide_approval"
-WCAG_21_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+WCAG_21_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]
 AXE = Axe()
 
 
 def axe_clean(page: Page, where: str) -> None:
-    """Fail listing every violation: its rule, and each element it was found on."""
+    """Fail listing every violation (WCAG 2.1 A/AA and axe's best practices): its rule, and
+    each element it was found on."""
     results = AXE.run(page, options={"runOnly": {"type": "tag", "values": WCAG_21_AA},
                                      "resultTypes": ["violations"]})
     found = [f"{v['id']} ({v['impact']}): {v['help']} at "
@@ -82,6 +90,79 @@ def test_axe_finds_no_violation_on_any_console_page(viewport, interrupted, polic
     page.locator("#edit-schedule summary").click()
     axe_clean(page, "a schedule's edit form")
     assert Approval.objects.get(pk=waiting.approval.pk).status == "pending"  # looked only
+
+
+def admin_pages(superuser: User, *objects: Model) -> list[str]:
+    """Every page the admin has: its index, each app's index, and for each registered model
+    its list, its add form where it has one, and the page of one of ``objects``."""
+    from django.contrib import admin
+
+    request = RequestFactory().get("/admin/")
+    request.user = superuser
+    pages = ["/admin/", "/admin/password_change/"]
+    for model, model_admin in admin.site._registry.items():
+        meta = model._meta
+        app = f"/admin/{meta.app_label}/"
+        pages += [app] if app not in pages else []
+        pages.append(f"{app}{meta.model_name}/")
+        if model_admin.has_add_permission(request):
+            pages.append(f"{app}{meta.model_name}/add/")
+        one = next((o for o in objects if isinstance(o, model)), None)
+        if one is not None:
+            pages.append(f"{app}{meta.model_name}/{one.pk}/change/")
+    return pages
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_axe_finds_no_violation_on_any_admin_page(viewport, interrupted, policy_paused,
+                                                  make_user, log_in):
+    """The admin is Django's, dressed in the console's header; each of its pages, every model
+    registered (one of each on its own page), a group's permission picker and the export
+    form included."""
+    from django.contrib.auth.models import Group
+
+    ada = make_user("ada", DECIDE, VIEW, MANAGE, superuser=True, password=PASSWORD)
+    waiting, policy = interrupted(), policy_paused()
+    approve(policy.approval.pk, by="olga", note="checked")
+    nightly = some_schedules()
+    token = ApiToken.issue(ada, "ci")[0]
+    group = Group.objects.create(name="operators-a11y")
+    objects = [ada, group, token, nightly, Run.objects.get(pk=waiting.run.pk),
+               waiting.approval, policy.approval.step, Event.objects.first(),
+               Worker.objects.create(owner="runtime@host:1:abc", host="host", pid=1,
+                                     started_at=waiting.run.created_at,
+                                     heartbeat_at=waiting.run.created_at, concurrency=4,
+                                     lease_seconds=30),
+               *RunCreation.objects.all()[:1], *AuditCheckpoint.objects.all()[:1]]
+    page = log_in("ada", viewport=viewport)
+    pages = admin_pages(ada, *objects)
+    assert len(pages) > 20, pages
+    for url in [*pages, "/admin/runtime/auditexport/export/"]:
+        response = page.goto(url)
+        assert response is not None and response.status == 200, url
+        axe_clean(page, url)
+    page.goto(f"/admin/auth/group/{group.pk}/change/")
+    expect(page.locator(".help-tooltip.search-label-icon").first).to_have_attribute(
+        "role", "img")
+    shot(page, f"a11y-admin-group-{viewport['width']}.png")
+    page.goto(f"/admin/auth/user/{ada.pk}/change/")
+    expect(page.locator(".field-last_login .readonly")).to_be_visible()  # read, not typed
+    shot(page, f"a11y-admin-user-{viewport['width']}.png")
+
+
+def test_axe_finds_no_violation_on_the_error_and_demo_pages(interrupted, people, log_in,
+                                                            demo_world):
+    """The pages a person lands on by mistake, and the demo's outside world and chat."""
+    people("olga")
+    page = log_in("olga")
+    for url, status in (("/runs/999999/", 404), ("/schedules/new/", 403),
+                        ("/demo/world/", 200), ("/demo/world/?key=no-such-key", 200),
+                        ("/demo/notifications/", 200)):
+        for viewport in (DESKTOP, PHONE):
+            page.set_viewport_size(viewport)
+            response = page.goto(url)
+            assert response is not None and response.status == status, url
+            axe_clean(page, url)
 
 
 CONTRAST = """(el) => {
