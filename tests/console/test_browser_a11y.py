@@ -226,6 +226,55 @@ def test_after_a_decision_the_focus_is_on_its_announced_outcome(interrupted, peo
     shot(page, "a11y-outcome-focused-phone.png")
 
 
+def test_what_a_screen_reader_is_told_on_the_queue_and_after_a_decision(
+        interrupted, policy_paused, people, log_in):
+    """The accessibility tree (what a screen reader reads out): the pending count in words,
+    the queue as a named table whose every checkbox says which approval it picks, the
+    shortcuts' switch, and after a decision an announced status saying who decided what."""
+    interrupted_title = "send was interrupted: did it take effect?"
+    waiting, policy = interrupted(), policy_paused()
+    people("olga", DECIDE)
+    page = log_in("olga")
+    expect(page.get_by_role("navigation", name="Console")).to_match_aria_snapshot(
+        '- link "Approvals 2 waiting"')
+    queue = page.get_by_role("table", name="Pending approvals")
+    expect(queue).to_match_aria_snapshot(f"""
+        - table "Pending approvals":
+          - rowgroup:
+            - row:
+              - columnheader "Select"
+              - columnheader "Waiting"
+          - rowgroup:
+            - row:
+              - cell:
+                - 'checkbox "Select approval #{waiting.approval.pk}: {interrupted_title}"'
+              - cell "interrupted call"
+              - 'cell "{interrupted_title}"':
+                - 'link "{interrupted_title}"'
+            - row:
+              - cell:
+                - 'checkbox "Select approval #{policy.approval.pk}: Charge a card?"'
+              - cell "Charge a card?":
+                - link "Charge a card?"
+        """)
+    expect(page.get_by_role("checkbox", name="Single-key shortcuts")).to_be_checked()
+
+    decide_by_keyboard(page, policy.approval.pk)
+    expect(page.get_by_role("status")).to_match_aria_snapshot("""
+        - status:
+          - paragraph:
+            - strong: Allowed, not started yet
+            - text: /— decided by olga at/
+            - time
+          - paragraph: "Note: checked the ledger"
+        """)
+    expect(page.get_by_role("navigation", name="Console")).to_match_aria_snapshot(
+        '- link "Approvals 1 waiting"')
+    page.goto(f"/runs/{policy.run.pk}/")
+    expect(page.get_by_role("table", name=f"Steps of run #{policy.run.pk}")).to_be_visible()
+    expect(page.get_by_role("table", name=f"Events of run #{policy.run.pk}")).to_be_visible()
+
+
 def test_a_refused_decision_puts_the_focus_on_why(interrupted, people, log_in):
     waiting = interrupted()
     people("olga", DECIDE)
