@@ -274,9 +274,29 @@ def slack_send(n: Notification) -> tuple[bool, int | None, str]:
     return ok, code, error
 
 
+RESPONSE_HOST = "hooks.slack.com"  # where Slack's response URLs point
+
+
+def slack_response_url_allowed(response_url: str) -> bool:
+    """A response URL is Slack's (https on hooks.slack.com) or on the host of the configured
+    Web API (a proxy, a test double): a signed payload cannot send the runtime elsewhere."""
+    try:
+        url = httpx.URL(response_url)
+        api = httpx.URL(str(setting("SLACK_API_URL")))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return False
+    if url.scheme == "https" and url.host == RESPONSE_HOST and url.port is None:
+        return True
+    return bool(url.host) and (url.scheme, url.host, url.port) == (
+        api.scheme, api.host, api.port)
+
+
 def slack_respond(response_url: str, text: str) -> bool:
     """Tell only the person who pressed a button (an ephemeral message through the
-    interaction's ``response_url``); whether Slack took it."""
+    interaction's ``response_url``); whether Slack took it. A URL that is not Slack's is not
+    called."""
+    if not slack_response_url_allowed(response_url):
+        return False
     try:
         reply = httpx.post(response_url, timeout=TIMEOUT, json={
             "response_type": "ephemeral", "replace_original": False, "text": text})

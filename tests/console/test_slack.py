@@ -157,6 +157,25 @@ def test_a_signed_press_decides_once_and_the_message_is_updated(slack, posted, c
     assert verifyaudit().startswith("ok:")
 
 
+def test_a_response_url_that_is_not_slacks_is_never_called(slack, posted, clock):
+    """The signed payload names where to tell the person; only Slack's hooks (or the
+    configured API's host) are told, so a payload cannot make the console call another host.
+    The decision itself still stands."""
+    elsewhere = FakeSlack()
+    try:
+        approval, message = posted()
+        for url in (elsewhere.response_url(), "file:///etc/passwd", "https://hooks.slack.com.evil/x",
+                    "http://hooks.slack.com/actions/T1/2/x", "not a url"):
+            send(press(message, "approve", "U0PETE", url), clock)
+        assert elsewhere.said() == [] and slack.said() == []
+        approval.refresh_from_db()
+        assert (approval.status, approval.decided_by) == ("approved", "pete")
+        assert words.slack_response_url_allowed("https://hooks.slack.com/actions/T1/2/abc")
+        assert words.slack_response_url_allowed(slack.response_url())
+    finally:
+        elsewhere.close()
+
+
 def _stale(message: dict[str, Any], approval: Approval) -> str:
     """The button of a message about another request (the same approval, other arguments)."""
     return json.dumps({"approval": approval.pk, "digest": request_digest(
