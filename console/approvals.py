@@ -248,6 +248,7 @@ def _render(
         check = ""
     step, run = approval.step, approval.run
     timeline = selectors.steps_tail(run.pk, upto=step.index, limit=TIMELINE_STEPS)
+    notifications = selectors.approval_notifications(approval)
     context: dict[str, Any] = {
         "approval": approval,
         "run": run,
@@ -255,7 +256,9 @@ def _render(
         "check_url": check.format(key=quote(step.idempotency_key), tool=quote(
             approval.tool)) if check else "",
         "timeline": timeline,
-        "notifications": selectors.approval_notifications(approval),
+        "notifications": notifications,
+        "reminded": sum(n.event == "approval.expiring" for n in notifications),
+        "escalated": sum(n.event == "approval.escalated" for n in notifications),
         "pending": approval.status == ApprovalStatus.PENDING,
         "outcome_unknown": selectors.approval_outcome_unknown(approval),
         "after_restore": selectors.approval_after_restore(approval),

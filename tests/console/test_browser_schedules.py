@@ -13,6 +13,7 @@ from playwright.sync_api import Page, expect
 
 from runtime import Agent, Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, resume
 from runtime.agents.agent import registry
+from runtime.approvals.deadlines import approvals_near_deadline
 from runtime.clock import ManualClock
 from runtime.loop.control import start
 from runtime.models import Approval, Schedule, ScheduleEvent
@@ -165,8 +166,11 @@ def test_the_queue_with_an_expiring_approval(interrupted, people, log_in, tmp_pa
                                                         expiring.expires_at.isoformat())
         no_sideways_scroll(page)
         shot(page, f"queue-expiring-{suffix}.png")
+        approvals_near_deadline(datetime.now(UTC))  # inside the warning window: warned once
         page.goto(f"/approvals/{expiring.pk}/")
         expect(page.get_by_test_id("deadline")).to_contain_text("Decide by")
+        expect(page.get_by_test_id("deadline-reminders")).to_contain_text(
+            "no channel takes reminders for this agent")
         expect(page.get_by_test_id("approval-deadline")).to_contain_text(
             f"{expiring.expires_at:%Y-%m-%d %H:%M:%S} UTC")
         no_sideways_scroll(page)

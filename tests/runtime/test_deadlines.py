@@ -6,6 +6,7 @@ after them is still an expiry (``approval_expired``), never a denial."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -15,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test import Client
 
+from console.templatetags.console import utc
 from runtime import Agent, Allow, FinalAnswer, RequireApproval, ScriptedLLM, ToolCall, resume, start
 from runtime.agents.agent import registry
 from runtime.approvals.deadlines import (
@@ -346,6 +348,40 @@ def test_the_console_says_expired_never_denied(database, tmp_path, clock, config
         page = response.content.decode().lower()
         assert "expired" in page and "approval_expired" in page, url
         assert "denied" not in page and "rejected" not in page, url
+
+
+def test_the_approval_page_says_when_it_was_warned_and_escalated(database, tmp_path, clock,
+                                                                  configured):
+    """A person opening the approval sees when its deadline reminder and escalation went out
+    and to how many channels, before and after the expiry; an approval never warned says
+    nothing of it."""
+    configured.STORAGES = {**configured.STORAGES, "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    with registry.override(_agent("seen", Ledger(tmp_path / "ledger"), HOUR)):
+        approval, quiet = _paused("seen", clock), _paused("seen", clock)
+    Approval.objects.filter(pk=quiet.pk).update(expires_at=None)
+    viewer = User.objects.create_user("vic", "vic@example.com", "x" * 16)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_run"))
+    client = Client()
+    client.force_login(User.objects.get(pk=viewer.pk))
+
+    def reminders(pk: int) -> str:
+        page = client.get(f"/approvals/{pk}/").content.decode()
+        found = re.search(r'data-testid="deadline-reminders">(.*?)</p>', page, re.S)
+        return " ".join(found[1].split()) if found else ""
+
+    assert reminders(approval.pk) == ""
+    warned_at = approval.expires_at - timedelta(seconds=900)
+    approvals_near_deadline(warned_at)
+    assert reminders(approval.pk) == (f"Deadline reminder at {utc(warned_at)}: sent to 1 "
+                                      "channel (see Who was told).")
+    escalated_at = approval.expires_at - timedelta(seconds=300)
+    approvals_near_deadline(escalated_at)
+    approvals_expire(approval.expires_at)
+    assert reminders(approval.pk) == (
+        f"Deadline reminder at {utc(warned_at)}: sent to 1 channel (see Who was told). "
+        f"Escalated at {utc(escalated_at)}: sent to 2 channels (see Who was told).")
+    assert reminders(quiet.pk) == ""
 
 
 @pytest.mark.slow
