@@ -3,16 +3,21 @@ every approval ticked, each on the request it showed, or none of them.
 
 The runtime decides (``runtime.approvals.batch.approvals_decide``): all in one commit, or
 nothing and which approval was refused and why. This view only reads the form and re-renders
-the queue's list with the outcome.
+the queue's list with the outcome; a form sent without JavaScript that went through is
+redirected to the queue (so a reload sends nothing again), with the outcome as a message.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from console.api.errors import conflict
@@ -73,6 +78,13 @@ def decide_batch(request: HttpRequest) -> HttpResponse:
         outcome = {"batch_error": refusal_words(exc), "refused": _refusals(exc)}
         status = batch_status(exc)
     else:
+        if not getattr(request, "htmx", False):  # a plain form: post, redirect, get
+            messages.success(request, f"{len(decided)} approval{'s' if len(decided) != 1 else ''}"
+                             f" decided ({', '.join(f'#{a.pk}' for a in decided)}): "
+                             f"{DONE_WORDS[decision]}.")
+            query = urlencode({k: v for k, v in (("kind", kind), ("agent", agent),
+                                                  ("sort", sort)) if v})
+            return redirect(reverse("console:queue") + (f"?{query}" if query else ""))
         outcome = {"batch_done": decided, "batch_done_words": DONE_WORDS[decision]}
     if status != 200:  # nothing was decided: the note and the boxes not refused stay
         outcome["batch_note"] = request.POST.get("note", "")[:NOTE_MAX]

@@ -122,6 +122,27 @@ def test_a_batch_from_the_queue_decides_every_ticked_one(interrupted, policy_pau
     assert f'data-id="{rerun.approval.pk}" data-href' not in html  # decided: gone
 
 
+def test_without_javascript_a_batch_that_went_through_redirects_to_the_queue(
+        interrupted, operator):
+    """A plain form post (no htmx) that decided is answered with a redirect to the queue, its
+    filters kept, so reloading sends nothing again; the outcome is a message there. A refused
+    one is answered in place (there is nothing to send twice)."""
+    first, second, third = interrupted(), interrupted(), interrupted()
+    data = {"decision": "approve", "confirm": "on", "kind": "interrupted_side_effect",
+            "pick": [pick(first.approval), pick(second.approval)]}
+    response = operator.post("/approvals/decide/", data)
+    assert response.status_code == 302
+    assert response["Location"] == "/?kind=interrupted_side_effect"
+    queue = unescape(operator.get(response["Location"]).content.decode())
+    assert (f"2 approvals decided (#{first.approval.pk}, #{second.approval.pk}): allowed or "
+            "queued to run once more.") in queue
+    assert statuses([first.approval, second.approval, third.approval]) == [
+        "approved", "approved", "pending"]
+    again = operator.post("/approvals/decide/", data)  # the browser's "send again"
+    assert again.status_code == 409 and "Nothing was decided" in again.content.decode()
+    assert decisions(first.approval) == [("approval.granted", "olga")]
+
+
 def test_a_refused_batch_decides_nothing_and_lists_which_and_why(interrupted, operator):
     a, b, c = interrupted(), interrupted(), interrupted()
     approve(b.approval.pk, "bob")
