@@ -57,13 +57,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
         self.message_user(request, "Revoked.", messages.SUCCESS)
 
 
-admin.site.unregister(User)
-
-
-@admin.register(User)
 class PersonAdmin(UserAdmin):
     """Django's own user admin, but the times it records itself are read, not typed in: an
     edited "last login" would mislead whoever reads it, and its split date and time boxes
     have no label of their own for a screen reader."""
 
     readonly_fields = ("last_login", "date_joined")
+
+
+if admin.site.is_registered(User):  # Django's user model (the project does not swap it)
+    admin.site.unregister(User)
+    admin.site.register(User, PersonAdmin)

@@ -85,9 +85,8 @@ class ApprovalOut(ApprovalSummary):
 
 class DecideIn(Schema):
     decision: Decision
-    expected_digest: str = Field(min_length=1, max_length=128, description="The digest of "
-                                 "the request you decided on; another one is refused as "
-                                 "stale.")
+    expected_digest: str = Field(max_length=128, description="The digest of the request you "
+                                 "decided on; another one is refused as stale.")
     note: str = Field("", max_length=10_000)
     result: Any = Field(None, description="For resolve: the call's outcome, as JSON.")
     arguments: dict[str, Any] | None = Field(
@@ -97,9 +96,9 @@ class DecideIn(Schema):
 
 
 class BatchItemIn(Schema):
-    id: int = Field(gt=0)
-    digest: str = Field(min_length=1, max_length=128, description="The digest of the request "
-                        "you decided on; another one is refused as stale.")
+    id: int
+    digest: str = Field(max_length=128, description="The digest of the request you decided "
+                        "on; another one is refused as stale.")
 
 
 class BatchDecideIn(Schema):
